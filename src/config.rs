@@ -1,0 +1,818 @@
+//! Workflow configs: one TOML file per workflow under `config/workflows/`.
+//!
+//! Loading is strict on purpose: an unknown key is an error (a typo must not silently
+//! disable a guard), a workflow without `[verify]` is rejected, every budget cap is a
+//! concrete non-negative number, and the idempotency key template must compile. Every
+//! error names the file, line and column and what was expected, and [`load_dir`] reports
+//! all errors of a folder, not just the first.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use toml::Spanned;
+
+use crate::budget::Caps;
+use crate::template;
+
+/// One problem in one config file, located as precisely as the parser allows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file.display(),
+            self.line,
+            self.column,
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// What a fire does while the workflow's previous run is still active (Temporal's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overlap {
+    #[default]
+    Skip,
+    BufferOne,
+    BufferAll,
+    CancelOther,
+    AllowAll,
+}
+
+/// The one trigger kind a workflow has.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Trigger {
+    Manual,
+    Schedule(ScheduleTrigger),
+    File(FileTrigger),
+    Queue { queue: String },
+    Webhook(WebhookTrigger),
+}
+
+impl Trigger {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Trigger::Manual => "manual",
+            Trigger::Schedule(_) => "schedule",
+            Trigger::File(_) => "file",
+            Trigger::Queue { .. } => "queue",
+            Trigger::Webhook(_) => "webhook",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleTrigger {
+    pub cron: String,
+    #[serde(default)]
+    pub timezone: Option<String>,
+    #[serde(default)]
+    pub catchup: Option<String>,
+    #[serde(default)]
+    pub catchup_window_s: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTrigger {
+    pub path: String,
+    #[serde(default = "default_pattern")]
+    pub pattern: String,
+    #[serde(default)]
+    pub debounce_ms: Option<u64>,
+}
+
+fn default_pattern() -> String {
+    "*".to_string()
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookTrigger {
+    pub path: String,
+    pub secret_env: String,
+    #[serde(default)]
+    pub max_body_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTrigger {
+    #[serde(default)]
+    manual: Option<bool>,
+    #[serde(default)]
+    schedule: Option<ScheduleTrigger>,
+    #[serde(default)]
+    file: Option<FileTrigger>,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    webhook: Option<WebhookTrigger>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBudget {
+    max_tokens: Option<Spanned<i64>>,
+    max_tool_calls: Option<Spanned<i64>>,
+    max_runtime_s: Option<Spanned<f64>>,
+    max_cost_usd: Option<Spanned<f64>>,
+    #[serde(default)]
+    stall_timeout_s: Option<Spanned<f64>>,
+    #[serde(default)]
+    kill_grace_s: Option<Spanned<f64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    command: Spanned<Vec<String>>,
+    #[serde(default)]
+    timeout_s: Option<Spanned<f64>>,
+}
+
+/// `[retry]`: how often a `failed` or `stagnated` run is tried again, and how long to wait.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retry {
+    /// Total attempts, the first included (1 = no retry).
+    pub attempts: u32,
+    #[serde(default)]
+    pub backoff: Backoff,
+    /// Seconds before the first retry.
+    #[serde(default = "default_retry_base")]
+    pub base: f64,
+    /// Longest wait between attempts, in seconds.
+    #[serde(default = "default_retry_max")]
+    pub max: f64,
+}
+
+fn default_retry_base() -> f64 {
+    1.0
+}
+fn default_retry_max() -> f64 {
+    300.0
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            attempts: 1,
+            backoff: Backoff::Fixed,
+            base: default_retry_base(),
+            max: default_retry_max(),
+        }
+    }
+}
+
+impl Retry {
+    /// The wait before attempt `next_attempt` (2 for the first retry).
+    pub fn delay_before(&self, next_attempt: u32) -> Duration {
+        let secs = match self.backoff {
+            Backoff::Fixed => self.base,
+            Backoff::Exponential => {
+                let exp = next_attempt.saturating_sub(2).min(30);
+                self.base * f64::from(1u32 << exp)
+            }
+        };
+        Duration::from_secs_f64(secs.min(self.max).max(0.0))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backoff {
+    #[default]
+    Fixed,
+    Exponential,
+}
+
+/// One entry of a workflow's `[env]` table: a literal, or a value looked up in steward's
+/// own environment (`{ from_env = "NAME" }`, secret unless `secret = false`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnvValue {
+    Literal { value: String, secret: bool },
+    FromEnv { var: String, secret: bool },
+}
+
+impl EnvValue {
+    pub fn is_secret(&self) -> bool {
+        match self {
+            EnvValue::Literal { secret, .. } | EnvValue::FromEnv { secret, .. } => *secret,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Spec {
+            value: Option<String>,
+            from_env: Option<String>,
+            secret: Option<bool>,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = EnvValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string, or a table { value = \"…\" } or { from_env = \"VAR\" } with optional secret = true|false")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<EnvValue, E> {
+                Ok(EnvValue::Literal {
+                    value: v.to_string(),
+                    secret: false,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<EnvValue, A::Error> {
+                let spec = Spec::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                match (spec.value, spec.from_env) {
+                    (Some(value), None) => Ok(EnvValue::Literal {
+                        value,
+                        secret: spec.secret.unwrap_or(false),
+                    }),
+                    (None, Some(var)) => Ok(EnvValue::FromEnv {
+                        var,
+                        secret: spec.secret.unwrap_or(true),
+                    }),
+                    _ => Err(de::Error::custom(
+                        "an env entry needs exactly one of `value` or `from_env`",
+                    )),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorkflow {
+    id: Spanned<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    dry_run: Option<bool>,
+    #[serde(default)]
+    idempotency_key: Option<Spanned<String>>,
+    #[serde(default)]
+    overlap: Option<Overlap>,
+    /// Working folder of every step, relative to the config folder (default: the config folder).
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    trigger: Option<Spanned<RawTrigger>>,
+    #[serde(default)]
+    budget: Option<Spanned<RawBudget>>,
+    #[serde(default)]
+    run: Option<RawStep>,
+    #[serde(default)]
+    verify: Option<RawStep>,
+    #[serde(default)]
+    commit: Option<RawStep>,
+    #[serde(default)]
+    retry: Option<Retry>,
+    #[serde(default)]
+    env: BTreeMap<String, EnvValue>,
+}
+
+/// A step command, resolved: `argv[0]` made absolute when it is a path.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StepCommand {
+    pub argv: Vec<String>,
+    /// Only `[commit]` may set one; run and verify are bounded by the budget.
+    pub timeout: Option<Duration>,
+}
+
+/// A validated workflow, ready to run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Workflow {
+    pub id: String,
+    pub description: String,
+    /// What the file asks for; going live also needs an operator's approval of this exact file.
+    pub dry_run: bool,
+    pub idempotency_key: Option<String>,
+    pub overlap: Overlap,
+    pub trigger: Trigger,
+    pub caps: Caps,
+    pub run: StepCommand,
+    pub verify: StepCommand,
+    pub commit: Option<StepCommand>,
+    pub retry: Retry,
+    #[serde(skip)]
+    pub env: BTreeMap<String, EnvValue>,
+    pub cwd: PathBuf,
+    pub file: PathBuf,
+    /// sha256 of the file's bytes: what a go-live approval is bound to.
+    pub config_hash: String,
+}
+
+/// Default seconds a commit may take before it is killed (its key is then in doubt).
+pub const DEFAULT_COMMIT_TIMEOUT_S: f64 = 300.0;
+/// Default seconds between SIGTERM and SIGKILL when a step is stopped.
+pub const DEFAULT_KILL_GRACE_S: f64 = 2.0;
+
+/// Every workflow of a config folder.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    pub root: PathBuf,
+    pub workflows: BTreeMap<String, Workflow>,
+}
+
+impl Config {
+    pub fn workflow(&self, id: &str) -> Result<&Workflow, String> {
+        self.workflows.get(id).ok_or_else(|| {
+            let known: Vec<&str> = self.workflows.keys().map(String::as_str).collect();
+            format!(
+                "no workflow named `{id}` in {} (known: {})",
+                self.root.join("workflows").display(),
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )
+        })
+    }
+}
+
+/// Loads every `*.toml` under `DIR/workflows/`, collecting all errors.
+pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
+    let dir = root.join("workflows");
+    let mut errors = Vec::new();
+    let mut config = Config {
+        root: root.to_path_buf(),
+        workflows: BTreeMap::new(),
+    };
+    if !root.is_dir() {
+        return Err(vec![whole_file_error(
+            root,
+            "config folder not found (pass --config DIR or create it)",
+        )]);
+    }
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(config),
+        Err(e) => return Err(vec![whole_file_error(&dir, &format!("cannot read: {e}"))]),
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    let mut origin: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for file in files {
+        match load_file(root, &file) {
+            Ok(wf) => {
+                if let Some(first) = origin.get(&wf.id) {
+                    errors.push(whole_file_error(
+                        &file,
+                        &format!(
+                            "duplicate workflow id `{}` (also in {})",
+                            wf.id,
+                            first.display()
+                        ),
+                    ));
+                    continue;
+                }
+                origin.insert(wf.id.clone(), file.clone());
+                config.workflows.insert(wf.id.clone(), wf);
+            }
+            Err(mut errs) => errors.append(&mut errs),
+        }
+    }
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Loads and validates one workflow file. `root` is the config folder that relative
+/// command paths and `cwd` resolve against.
+pub fn load_file(root: &Path, file: &Path) -> Result<Workflow, Vec<ConfigError>> {
+    let bytes = std::fs::read(file)
+        .map_err(|e| vec![whole_file_error(file, &format!("cannot read: {e}"))])?;
+    let text = String::from_utf8(bytes.clone())
+        .map_err(|_| vec![whole_file_error(file, "not valid UTF-8")])?;
+    let raw: RawWorkflow = toml::from_str(&text).map_err(|e| {
+        let (line, column) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
+        vec![ConfigError {
+            file: file.to_path_buf(),
+            line,
+            column,
+            message: e.message().trim().to_string(),
+        }]
+    })?;
+    let mut v = Validator {
+        file,
+        text: &text,
+        errors: Vec::new(),
+    };
+    let wf = v.workflow(root, raw, hex::encode(Sha256::digest(&bytes)));
+    match wf {
+        Some(wf) if v.errors.is_empty() => Ok(wf),
+        _ => Err(v.errors),
+    }
+}
+
+/// Whether `name` is safe to use as a workflow id and in a path.
+pub fn valid_id(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+struct Validator<'a> {
+    file: &'a Path,
+    text: &'a str,
+    errors: Vec<ConfigError>,
+}
+
+impl Validator<'_> {
+    fn err(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let (line, column) = line_col(self.text, span.start);
+        self.errors.push(ConfigError {
+            file: self.file.to_path_buf(),
+            line,
+            column,
+            message: message.into(),
+        });
+    }
+
+    /// An error about something absent: points at the end of the file.
+    fn missing(&mut self, message: impl Into<String>) {
+        let end = self.text.len();
+        self.err(end..end, message);
+    }
+
+    fn workflow(&mut self, root: &Path, raw: RawWorkflow, config_hash: String) -> Option<Workflow> {
+        let id = raw.id.get_ref().clone();
+        if !valid_id(&id) {
+            self.err(
+                raw.id.span(),
+                format!("id `{id}` is not allowed: use 1-64 of a-z, 0-9, `-`, `_`, starting with a letter or digit"),
+            );
+        }
+        if let Some(key) = &raw.idempotency_key {
+            if let Err(e) = template::check(key.get_ref()) {
+                self.err(
+                    key.span(),
+                    format!("idempotency_key is not a valid template: {e}"),
+                );
+            }
+        }
+        let trigger = self.trigger(raw.trigger);
+        let caps = self.budget(raw.budget);
+        let cwd = match &raw.cwd {
+            Some(c) => root.join(c),
+            None => root.to_path_buf(),
+        };
+        let run = self.step("run", raw.run, root, false);
+        let verify = match raw.verify {
+            Some(step) => self.step("verify", Some(step), root, false),
+            None => {
+                self.missing("missing [verify]: every workflow needs a separate checker (verify.command) before it can run");
+                None
+            }
+        };
+        let commit = raw
+            .commit
+            .and_then(|s| self.step("commit", Some(s), root, true));
+        let retry = raw.retry.unwrap_or_default();
+        if retry.attempts == 0 {
+            self.missing("retry.attempts must be at least 1 (it counts the first attempt)");
+        }
+        if !(retry.base.is_finite()
+            && retry.base >= 0.0
+            && retry.max.is_finite()
+            && retry.max >= 0.0)
+        {
+            self.missing("retry.base and retry.max must be non-negative numbers of seconds");
+        }
+        for (name, value) in &raw.env {
+            if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                || name.starts_with("STEWARD_")
+            {
+                self.missing(format!(
+                    "env.{name}: names are letters, digits and `_`, and STEWARD_* is reserved"
+                ));
+            }
+            if let EnvValue::Literal { secret: true, .. } = value {
+                // Allowed, but a secret belongs in the environment, not in a file in git.
+                tracing::warn!(file = %self.file.display(), "env.{name} holds a secret literal: prefer {{ from_env = \"VAR\" }}");
+            }
+        }
+        Some(Workflow {
+            id,
+            description: raw.description.unwrap_or_default(),
+            dry_run: raw.dry_run.unwrap_or(true),
+            idempotency_key: raw.idempotency_key.map(|k| k.into_inner()),
+            overlap: raw.overlap.unwrap_or_default(),
+            trigger: trigger?,
+            caps: caps?,
+            run: run?,
+            verify: verify?,
+            commit,
+            retry,
+            env: raw.env,
+            cwd,
+            file: self.file.to_path_buf(),
+            config_hash,
+        })
+    }
+
+    fn trigger(&mut self, raw: Option<Spanned<RawTrigger>>) -> Option<Trigger> {
+        let Some(raw) = raw else {
+            return Some(Trigger::Manual);
+        };
+        let span = raw.span();
+        let t = raw.into_inner();
+        let mut kinds = Vec::new();
+        if t.manual == Some(true) {
+            kinds.push(Trigger::Manual);
+        }
+        if let Some(s) = t.schedule {
+            kinds.push(Trigger::Schedule(s));
+        }
+        if let Some(f) = t.file {
+            kinds.push(Trigger::File(f));
+        }
+        if let Some(q) = t.queue {
+            if !valid_id(&q) {
+                self.err(
+                    span.clone(),
+                    format!("trigger.queue `{q}` is not a valid queue name (a-z, 0-9, `-`, `_`)"),
+                );
+            }
+            kinds.push(Trigger::Queue { queue: q });
+        }
+        if let Some(w) = t.webhook {
+            if !w.path.starts_with('/') {
+                self.err(span.clone(), "trigger.webhook.path must start with `/`");
+            }
+            kinds.push(Trigger::Webhook(w));
+        }
+        match kinds.len() {
+            1 => kinds.pop(),
+            0 => {
+                self.err(
+                    span,
+                    "[trigger] needs exactly one of: schedule, file, queue, webhook, manual = true",
+                );
+                None
+            }
+            _ => {
+                self.err(span, "[trigger] has more than one kind: a workflow has exactly one trigger (schedule, file, queue, webhook or manual)");
+                None
+            }
+        }
+    }
+
+    fn budget(&mut self, raw: Option<Spanned<RawBudget>>) -> Option<Caps> {
+        let Some(raw) = raw else {
+            self.missing("missing [budget]: every workflow states max_tokens, max_tool_calls, max_runtime_s and max_cost_usd (use 0 for a resource it never uses)");
+            return None;
+        };
+        let span = raw.span();
+        let b = raw.into_inner();
+        let before = self.errors.len();
+        let tokens = self.count(&span, "max_tokens", b.max_tokens);
+        let tool_calls = self.count(&span, "max_tool_calls", b.max_tool_calls);
+        let runtime = self.seconds(&span, "max_runtime_s", b.max_runtime_s, true);
+        let cost = self.amount(&span, "max_cost_usd", b.max_cost_usd);
+        let stall = b
+            .stall_timeout_s
+            .map(|s| self.seconds(&span, "stall_timeout_s", Some(s), true));
+        let grace = b
+            .kill_grace_s
+            .map(|s| self.seconds(&span, "kill_grace_s", Some(s), false));
+        if self.errors.len() != before {
+            return None;
+        }
+        Some(Caps {
+            max_tokens: tokens?,
+            max_tool_calls: tool_calls?,
+            max_runtime: runtime?,
+            max_cost_usd: cost?,
+            stall_timeout: stall.flatten(),
+            kill_grace: grace
+                .flatten()
+                .unwrap_or(Duration::from_secs_f64(DEFAULT_KILL_GRACE_S)),
+        })
+    }
+
+    fn count(&mut self, table: &Range<usize>, name: &str, v: Option<Spanned<i64>>) -> Option<u64> {
+        let Some(v) = v else {
+            self.err(
+                table.clone(),
+                format!(
+                    "budget.{name} is missing: every cap is a concrete number (0 if never used)"
+                ),
+            );
+            return None;
+        };
+        match u64::try_from(*v.get_ref()) {
+            Ok(n) => Some(n),
+            Err(_) => {
+                self.err(
+                    v.span(),
+                    format!("budget.{name} must be zero or more, got {}", v.get_ref()),
+                );
+                None
+            }
+        }
+    }
+
+    fn amount(&mut self, table: &Range<usize>, name: &str, v: Option<Spanned<f64>>) -> Option<f64> {
+        let Some(v) = v else {
+            self.err(
+                table.clone(),
+                format!(
+                    "budget.{name} is missing: every cap is a concrete number (0 if never used)"
+                ),
+            );
+            return None;
+        };
+        let x = *v.get_ref();
+        if x.is_finite() && x >= 0.0 {
+            Some(x)
+        } else {
+            self.err(
+                v.span(),
+                format!("budget.{name} must be a number zero or more, got {x}"),
+            );
+            None
+        }
+    }
+
+    fn seconds(
+        &mut self,
+        table: &Range<usize>,
+        name: &str,
+        v: Option<Spanned<f64>>,
+        positive: bool,
+    ) -> Option<Duration> {
+        let Some(v) = v else {
+            self.err(
+                table.clone(),
+                format!("budget.{name} is missing: every run is bounded in time"),
+            );
+            return None;
+        };
+        let x = *v.get_ref();
+        // A year is far beyond any sane unattended step, and keeps Duration arithmetic safe.
+        if x.is_finite() && (if positive { x > 0.0 } else { x >= 0.0 }) && x <= 31_536_000.0 {
+            Some(Duration::from_secs_f64(x))
+        } else {
+            let want = if positive {
+                "more than zero"
+            } else {
+                "zero or more"
+            };
+            self.err(
+                v.span(),
+                format!("{name} must be a number of seconds {want} (at most a year), got {x}"),
+            );
+            None
+        }
+    }
+
+    fn step(
+        &mut self,
+        name: &str,
+        raw: Option<RawStep>,
+        root: &Path,
+        is_commit: bool,
+    ) -> Option<StepCommand> {
+        let Some(raw) = raw else {
+            self.missing(format!(
+                "missing [{name}]: set {name}.command to the program to run"
+            ));
+            return None;
+        };
+        let span = raw.command.span();
+        let mut argv = raw.command.into_inner();
+        if argv.is_empty() || argv[0].is_empty() {
+            self.err(span, format!("{name}.command is empty: give the program and its arguments, e.g. [\"scripts/{name}.sh\"]"));
+            return None;
+        }
+        if argv[0].contains('/') {
+            let program = root.join(&argv[0]);
+            match std::fs::metadata(&program) {
+                Ok(m) if m.is_file() && is_executable(&m) => {}
+                Ok(_) => {
+                    self.err(
+                        span.clone(),
+                        format!(
+                            "{name}.command: {} is not an executable file (chmod +x?)",
+                            program.display()
+                        ),
+                    );
+                }
+                Err(e) => {
+                    self.err(
+                        span.clone(),
+                        format!("{name}.command: {}: {e}", program.display()),
+                    );
+                }
+            }
+            argv[0] = program.to_string_lossy().into_owned();
+        }
+        let timeout = match raw.timeout_s {
+            Some(t) if !is_commit => {
+                self.err(t.span(), format!("{name}.timeout_s is not allowed: run and verify are bounded by [budget] max_runtime_s"));
+                None
+            }
+            Some(t) => self.seconds(&span, "commit.timeout_s", Some(t), true),
+            None if is_commit => Some(Duration::from_secs_f64(DEFAULT_COMMIT_TIMEOUT_S)),
+            None => None,
+        };
+        Some(StepCommand { argv, timeout })
+    }
+}
+
+fn is_executable(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    m.permissions().mode() & 0o111 != 0
+}
+
+fn whole_file_error(file: &Path, message: &str) -> ConfigError {
+    ConfigError {
+        file: file.to_path_buf(),
+        line: 1,
+        column: 1,
+        message: message.to_string(),
+    }
+}
+
+/// 1-based line and column of a byte offset.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text.as_bytes()[..offset];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |p| p + 1);
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_col_counts_from_one() {
+        assert_eq!(line_col("a\nbc\n", 0), (1, 1));
+        assert_eq!(line_col("a\nbc\n", 3), (2, 2));
+        assert_eq!(line_col("a\nbc\n", 99), (3, 1));
+    }
+
+    #[test]
+    fn exponential_backoff_doubles_and_caps() {
+        let r = Retry {
+            attempts: 5,
+            backoff: Backoff::Exponential,
+            base: 1.0,
+            max: 3.0,
+        };
+        assert_eq!(r.delay_before(2), Duration::from_secs(1));
+        assert_eq!(r.delay_before(3), Duration::from_secs(2));
+        assert_eq!(r.delay_before(4), Duration::from_secs(3));
+    }
+
+    #[test]
+    fn ids_are_path_safe() {
+        assert!(valid_id("invoice-intake_2"));
+        for bad in ["", "../x", "a/b", "A", "-x", "a\0b", "/abs"] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! steward: governed, unattended automation.
+//!
+//! # Theory of operation
+//!
+//! Something fires a **workflow** (a config file under `config/workflows/`, see
+//! [`config`]). Every fire becomes one **governed run** ([`governed`]): the maker
+//! (`run`), then a separate checker (`verify`), then — only when the workflow is live and
+//! the checker said `pass` — `commit`, the one step allowed a side effect. Each step is a
+//! child process in its own process group ([`step`]) that gets the run context on stdin
+//! and may report charges on fd 3 ([`control`]); the [`budget`] guard kills the group the
+//! moment a cap is crossed.
+//!
+//! Every run ends in one of seven terminal states and leaves a record in the sled
+//! [`store`] (with its idempotency key, and a dead-letter or review entry where it
+//! belongs) and one line per step in `runlog.jsonl` ([`runlog`]), with secrets masked by
+//! the [`redact`] module. The [`cli`] is the operator's handle on all of it; `steward new`
+//! writes a workflow skeleton ([`scaffold`]).
+
+pub mod budget;
+pub mod cli;
+pub mod config;
+pub mod control;
+pub mod governed;
+pub mod redact;
+pub mod runlog;
+pub mod scaffold;
+pub mod step;
+pub mod store;
+pub mod template;

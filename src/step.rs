@@ -1,0 +1,422 @@
+//! The step supervisor: runs one step command (run, verify or commit) as a child process
+//! in its own process group and watches it until it ends.
+//!
+//! Guarantees: the context goes in on stdin; stdout, stderr and the fd-3 control channel
+//! are drained concurrently (a chatty child cannot deadlock on a full pipe); charges are
+//! applied to the [`BudgetGuard`] the moment they arrive; on a breach, a stall or a
+//! timeout the whole group gets SIGTERM, then SIGKILL after the grace; and when the step
+//! ends for any reason, whatever is left of its group is killed, so no grandchild outlives
+//! its step.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, Notify};
+
+use crate::budget::{Breach, BudgetGuard};
+use crate::control::{self, Message};
+
+/// How much of stdout is kept (the rest is drained and dropped).
+pub const STDOUT_CAP: usize = 1 << 20;
+/// How much of the end of stderr is kept.
+pub const STDERR_TAIL: usize = 16 << 10;
+/// Notes kept per step; more are counted, not stored.
+const MAX_NOTES: usize = 100;
+/// How long to wait for pipes to reach EOF once the group is gone.
+const DRAIN_WAIT: Duration = Duration::from_millis(500);
+
+/// Which of the three steps a process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    Run,
+    Verify,
+    Commit,
+}
+
+impl StepKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            StepKind::Run => "run",
+            StepKind::Verify => "verify",
+            StepKind::Commit => "commit",
+        }
+    }
+}
+
+pub struct StepRequest<'a> {
+    pub kind: StepKind,
+    pub argv: &'a [String],
+    pub cwd: &'a Path,
+    /// The complete environment of the child: steward passes nothing else through.
+    pub env: &'a [(String, String)],
+    pub stdin: Vec<u8>,
+    /// Wall-clock limit outside the budget (commit only).
+    pub timeout: Option<Duration>,
+    pub kill_grace: Duration,
+    pub stall_timeout: Option<Duration>,
+}
+
+/// Why the supervisor stopped watching.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ending {
+    /// The process exited by itself.
+    Exited,
+    /// A budget cap was crossed; the group was killed.
+    Breach(Breach),
+    /// No tick, charge or output for the stall timeout; the group was killed.
+    Stalled(Duration),
+    /// The step's own timeout (commit) passed; the group was killed.
+    TimedOut(Duration),
+    /// The command could not be started.
+    SpawnFailed(String),
+}
+
+/// How the process itself ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exit code {c}"),
+            Exit::Signal(s) => match Signal::try_from(*s) {
+                Ok(sig) => write!(f, "killed by {sig}"),
+                Err(_) => write!(f, "killed by signal {s}"),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StepOutcome {
+    pub ending: Ending,
+    pub exit: Option<Exit>,
+    pub stdout: String,
+    pub stdout_truncated: bool,
+    pub stderr_tail: String,
+    pub noop: bool,
+    pub block: Option<String>,
+    pub notes: Vec<String>,
+    pub confidence: Option<String>,
+    /// Control lines that did not parse, with the reason.
+    pub malformed: Vec<String>,
+    pub duration: Duration,
+}
+
+impl StepOutcome {
+    fn new(ending: Ending) -> Self {
+        StepOutcome {
+            ending,
+            exit: None,
+            stdout: String::new(),
+            stdout_truncated: false,
+            stderr_tail: String::new(),
+            noop: false,
+            block: None,
+            notes: Vec::new(),
+            confidence: None,
+            malformed: Vec::new(),
+            duration: Duration::ZERO,
+        }
+    }
+
+    /// True when the process exited by itself with status 0.
+    pub fn succeeded(&self) -> bool {
+        self.ending == Ending::Exited && self.exit == Some(Exit::Code(0))
+    }
+
+    fn apply(
+        &mut self,
+        msg: Result<Message, control::ParseError>,
+        guard: &mut Option<&mut BudgetGuard>,
+    ) -> Option<Breach> {
+        match msg {
+            Ok(Message::Charge(resource, amount)) => match guard {
+                Some(g) => return g.charge(resource, amount),
+                None => self.malformed.push(format!(
+                    "charge {} ignored: the {} step is not budgeted",
+                    resource.name(),
+                    "commit"
+                )),
+            },
+            Ok(Message::Tick) => {}
+            Ok(Message::Noop) => self.noop = true,
+            Ok(Message::Block(reason)) => self.block = Some(reason),
+            Ok(Message::Note(text)) => {
+                if self.notes.len() < MAX_NOTES {
+                    self.notes.push(text);
+                }
+            }
+            Ok(Message::Confidence(c)) => self.confidence = Some(c),
+            Err(e) => {
+                if self.malformed.len() < MAX_NOTES {
+                    self.malformed.push(e.0);
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Runs one step to its end. `guard` is the attempt's budget (None for commit).
+pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>) -> StepOutcome {
+    let started = Instant::now();
+    let (mut child, ctl_read) = match spawn(&req) {
+        Ok(pair) => pair,
+        Err(e) => {
+            let mut out = StepOutcome::new(Ending::SpawnFailed(format!(
+                "cannot start {}: {e}",
+                req.argv.first().map(String::as_str).unwrap_or("")
+            )));
+            out.duration = started.elapsed();
+            return out;
+        }
+    };
+    // The group id is the child's pid (process_group(0)); known while the child is unreaped.
+    let pgid = child.id().map(|p| Pid::from_raw(p as i32));
+    let activity = Arc::new(Notify::new());
+
+    if let Some(mut stdin) = child.stdin.take() {
+        let bytes = req.stdin;
+        tokio::spawn(async move {
+            // A step that never reads its stdin is fine: ignore EPIPE.
+            let _ = stdin.write_all(&bytes).await;
+        });
+    }
+    let stdout_task = child
+        .stdout
+        .take()
+        .map(|s| tokio::spawn(read_capped(s, STDOUT_CAP, false, activity.clone())));
+    let stderr_task = child
+        .stderr
+        .take()
+        .map(|s| tokio::spawn(read_capped(s, STDERR_TAIL, true, activity.clone())));
+    let (ctl_tx, mut ctl_rx) = mpsc::channel(256);
+    let ctl_task = tokio::spawn(read_control(ctl_read, ctl_tx, activity.clone()));
+
+    let mut out = StepOutcome::new(Ending::Exited);
+    let runtime_deadline = guard.as_ref().map(|g| g.deadline());
+    let timeout_deadline = req.timeout.map(|t| started + t);
+    let mut last_progress = Instant::now();
+    let mut ctl_open = true;
+    let far = started + Duration::from_secs(365 * 24 * 3600);
+
+    let ending = loop {
+        let stall_at = req.stall_timeout.map(|s| last_progress + s);
+        tokio::select! {
+            status = child.wait() => {
+                out.exit = status.ok().map(exit_of);
+                break Ending::Exited;
+            }
+            msg = ctl_rx.recv(), if ctl_open => match msg {
+                Some(msg) => {
+                    last_progress = Instant::now();
+                    if let Some(breach) = out.apply(msg, &mut guard) {
+                        break Ending::Breach(breach);
+                    }
+                }
+                None => ctl_open = false,
+            },
+            _ = activity.notified() => last_progress = Instant::now(),
+            _ = tokio::time::sleep_until(runtime_deadline.unwrap_or(far).into()), if runtime_deadline.is_some() => {
+                break Ending::Breach(guard.as_ref().map(|g| g.runtime_breach()).expect("deadline implies guard"));
+            }
+            _ = tokio::time::sleep_until(timeout_deadline.unwrap_or(far).into()), if timeout_deadline.is_some() => {
+                break Ending::TimedOut(req.timeout.unwrap_or_default());
+            }
+            _ = tokio::time::sleep_until(stall_at.unwrap_or(far).into()), if stall_at.is_some() => {
+                break Ending::Stalled(req.stall_timeout.unwrap_or_default());
+            }
+        }
+    };
+
+    if ending != Ending::Exited {
+        out.exit = stop_group(&mut child, pgid, req.kill_grace).await;
+    }
+    // Sweep: a grandchild left behind (even one that ignores SIGTERM) dies with its step.
+    if let Some(pgid) = pgid {
+        let _ = killpg(pgid, Signal::SIGKILL);
+    }
+    out.ending = ending;
+
+    // Messages written just before exit still count: a last charge over the cap is a breach.
+    let drain_until = tokio::time::Instant::now() + DRAIN_WAIT;
+    while ctl_open {
+        match tokio::time::timeout_at(drain_until, ctl_rx.recv()).await {
+            Ok(Some(msg)) => {
+                if let Some(breach) = out.apply(msg, &mut guard) {
+                    if out.ending == Ending::Exited {
+                        out.ending = Ending::Breach(breach);
+                    }
+                }
+            }
+            _ => ctl_open = false,
+        }
+    }
+    ctl_task.abort();
+    if let Some(task) = stdout_task {
+        if let Ok(Ok((bytes, truncated))) = tokio::time::timeout_at(drain_until, task).await {
+            out.stdout = String::from_utf8_lossy(&bytes).into_owned();
+            out.stdout_truncated = truncated;
+        }
+    }
+    if let Some(task) = stderr_task {
+        if let Ok(Ok((bytes, _))) = tokio::time::timeout_at(drain_until, task).await {
+            out.stderr_tail = String::from_utf8_lossy(&bytes).into_owned();
+        }
+    }
+    out.duration = started.elapsed();
+    out
+}
+
+fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd)> {
+    let Some((program, args)) = req.argv.split_first() else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "empty command",
+        ));
+    };
+    // Both ends are close-on-exec; only the dup onto fd 3 crosses into the child.
+    let (ctl_read, ctl_write) = std::io::pipe()?;
+    let ctl_write_fd = ctl_write.as_raw_fd();
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(req.cwd)
+        .env_clear()
+        .envs(req.env.iter().map(|(k, v)| (k, v)))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe, and
+    // touches no memory shared with the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            if ctl_write_fd == 3 {
+                // Already in place: just let it survive exec.
+                if libc::fcntl(3, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(ctl_write_fd, 3) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    // The parent's write end must close now, or fd 3 never reaches EOF.
+    drop(ctl_write);
+    Ok((child, OwnedFd::from(ctl_read)))
+}
+
+/// SIGTERM the group, wait out the grace, then SIGKILL; returns how the child ended.
+async fn stop_group(child: &mut Child, pgid: Option<Pid>, grace: Duration) -> Option<Exit> {
+    if let Some(pgid) = pgid {
+        let _ = killpg(pgid, Signal::SIGTERM);
+    }
+    if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
+        return status.ok().map(exit_of);
+    }
+    if let Some(pgid) = pgid {
+        let _ = killpg(pgid, Signal::SIGKILL);
+    }
+    let _ = child.start_kill();
+    child.wait().await.ok().map(exit_of)
+}
+
+fn exit_of(status: std::process::ExitStatus) -> Exit {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => Exit::Code(c),
+        (None, Some(s)) => Exit::Signal(s),
+        (None, None) => Exit::Code(-1),
+    }
+}
+
+/// Reads to EOF, keeping the first `cap` bytes (or the last, with `tail`).
+async fn read_capped<R: AsyncRead + Unpin>(
+    mut r: R,
+    cap: usize,
+    tail: bool,
+    activity: Arc<Notify>,
+) -> (Vec<u8>, bool) {
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    let mut buf = vec![0u8; 8192];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        activity.notify_one();
+        kept.extend_from_slice(&buf[..n]);
+        if kept.len() > cap {
+            truncated = true;
+            if tail {
+                let excess = kept.len() - cap;
+                kept.drain(..excess);
+            } else {
+                kept.truncate(cap);
+            }
+        }
+    }
+    (kept, truncated)
+}
+
+/// Reads fd-3 lines, bounded in length, and sends each parsed message.
+async fn read_control(
+    fd: OwnedFd,
+    tx: mpsc::Sender<Result<Message, control::ParseError>>,
+    activity: Arc<Notify>,
+) {
+    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return;
+    };
+    let mut line: Vec<u8> = Vec::new();
+    let mut overlong = false;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        activity.notify_one();
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                let msg = if overlong {
+                    Err(control::ParseError(format!(
+                        "control line longer than {} bytes dropped",
+                        control::MAX_LINE
+                    )))
+                } else {
+                    control::parse(&String::from_utf8_lossy(&line))
+                };
+                line.clear();
+                overlong = false;
+                if tx.send(msg).await.is_err() {
+                    return;
+                }
+            } else if line.len() < control::MAX_LINE {
+                line.push(b);
+            } else {
+                overlong = true;
+            }
+        }
+    }
+    if !line.is_empty() {
+        let _ = tx
+            .send(control::parse(&String::from_utf8_lossy(&line)))
+            .await;
+    }
+}
