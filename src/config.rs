@@ -357,6 +357,8 @@ impl Config {
 
 /// Loads every `*.toml` under `DIR/workflows/`, collecting all errors.
 pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
+    // Steps run with the config folder as their working folder: resolve it once, absolutely.
+    let root = &std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
     let dir = root.join("workflows");
     let mut errors = Vec::new();
     let mut config = Config {

@@ -84,14 +84,12 @@ pub struct Fire {
 impl Fire {
     /// A fire by the operator (`steward run`), with an optional JSON payload.
     pub fn manual(payload: Option<Value>) -> Fire {
-        let mut trigger = json!({
+        let trigger = json!({
             "kind": "manual",
             "fired_at": Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             "scheduled_for": Value::Null,
+            "payload": payload.unwrap_or(Value::Null),
         });
-        if let Some(p) = payload {
-            trigger["payload"] = p;
-        }
         Fire {
             trigger,
             retry_of: None,
