@@ -331,14 +331,46 @@ pub const DEFAULT_COMMIT_TIMEOUT_S: f64 = 300.0;
 /// Default seconds between SIGTERM and SIGKILL when a step is stopped.
 pub const DEFAULT_KILL_GRACE_S: f64 = 2.0;
 
-/// Every workflow of a config folder.
+/// `config/steward.toml`: settings for the whole daemon (optional file).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// The notes vault (digests, inbox, queue markers); relative paths resolve against the
+    /// folder holding `config/`. Default: `vault/` beside `config/`.
+    #[serde(default)]
+    pub vault: Option<String>,
+    /// Where webhooks listen (default 127.0.0.1:8787).
+    #[serde(default)]
+    pub webhook_listen: Option<String>,
+    /// Seconds between catch-up runs at start-up, so a restart does not start every job at once.
+    #[serde(default)]
+    pub catchup_stagger_s: Option<f64>,
+}
+
+/// Every workflow of a config folder, and the daemon settings.
 #[derive(Debug, Clone, Default)]
 pub struct Config {
     pub root: PathBuf,
+    pub settings: Settings,
     pub workflows: BTreeMap<String, Workflow>,
 }
 
 impl Config {
+    /// The folder holding the config folder: where relative vault and watch paths start.
+    pub fn base(&self) -> PathBuf {
+        self.root
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| self.root.clone())
+    }
+
+    pub fn vault(&self) -> PathBuf {
+        match &self.settings.vault {
+            Some(v) => self.base().join(v),
+            None => self.base().join("vault"),
+        }
+    }
+
     pub fn workflow(&self, id: &str) -> Result<&Workflow, String> {
         self.workflows.get(id).ok_or_else(|| {
             let known: Vec<&str> = self.workflows.keys().map(String::as_str).collect();
@@ -363,8 +395,16 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let mut config = Config {
         root: root.to_path_buf(),
+        settings: Settings::default(),
         workflows: BTreeMap::new(),
     };
+    let settings_file = root.join("steward.toml");
+    if settings_file.exists() {
+        match read_toml::<Settings>(&settings_file) {
+            Ok((s, _)) => config.settings = s,
+            Err(e) => errors.push(e),
+        }
+    }
     if !root.is_dir() {
         return Err(vec![whole_file_error(
             root,
@@ -382,6 +422,7 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
         .collect();
     files.sort();
     let mut origin: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut queues: BTreeMap<String, String> = BTreeMap::new();
     for file in files {
         match load_file(root, &file) {
             Ok(wf) => {
@@ -395,6 +436,15 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
                         ),
                     ));
                     continue;
+                }
+                if let Trigger::Queue { queue } = &wf.trigger {
+                    if let Some(other) = queues.insert(queue.clone(), wf.id.clone()) {
+                        errors.push(whole_file_error(
+                            &file,
+                            &format!("queue `{queue}` is already consumed by workflow `{other}`: one workflow per queue"),
+                        ));
+                        continue;
+                    }
                 }
                 origin.insert(wf.id.clone(), file.clone());
                 config.workflows.insert(wf.id.clone(), wf);
@@ -412,19 +462,7 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
 /// Loads and validates one workflow file. `root` is the config folder that relative
 /// command paths and `cwd` resolve against.
 pub fn load_file(root: &Path, file: &Path) -> Result<Workflow, Vec<ConfigError>> {
-    let bytes = std::fs::read(file)
-        .map_err(|e| vec![whole_file_error(file, &format!("cannot read: {e}"))])?;
-    let text = String::from_utf8(bytes.clone())
-        .map_err(|_| vec![whole_file_error(file, "not valid UTF-8")])?;
-    let raw: RawWorkflow = toml::from_str(&text).map_err(|e| {
-        let (line, column) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
-        vec![ConfigError {
-            file: file.to_path_buf(),
-            line,
-            column,
-            message: e.message().trim().to_string(),
-        }]
-    })?;
+    let (raw, (text, bytes)) = read_toml::<RawWorkflow>(file).map_err(|e| vec![e])?;
     let mut v = Validator {
         file,
         text: &text,
@@ -435,6 +473,26 @@ pub fn load_file(root: &Path, file: &Path) -> Result<Workflow, Vec<ConfigError>>
         Some(wf) if v.errors.is_empty() => Ok(wf),
         _ => Err(v.errors),
     }
+}
+
+/// Reads and parses one TOML file; returns the value, its text and its bytes.
+pub fn read_toml<T: serde::de::DeserializeOwned>(
+    file: &Path,
+) -> Result<(T, (String, Vec<u8>)), ConfigError> {
+    let bytes =
+        std::fs::read(file).map_err(|e| whole_file_error(file, &format!("cannot read: {e}")))?;
+    let text =
+        String::from_utf8(bytes.clone()).map_err(|_| whole_file_error(file, "not valid UTF-8"))?;
+    let value = toml::from_str(&text).map_err(|e| {
+        let (line, column) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
+        ConfigError {
+            file: file.to_path_buf(),
+            line,
+            column,
+            message: e.message().trim().to_string(),
+        }
+    })?;
+    Ok((value, (text, bytes)))
 }
 
 /// Whether `name` is safe to use as a workflow id and in a path.
@@ -527,11 +585,21 @@ impl Validator<'_> {
                 tracing::warn!(file = %self.file.display(), "env.{name} holds a secret literal: prefer {{ from_env = \"VAR\" }}");
             }
         }
+        // Queue items and dropped files can be replayed after a crash; their natural key
+        // keeps a replay from committing twice.
+        let idempotency_key =
+            raw.idempotency_key
+                .map(|k| k.into_inner())
+                .or_else(|| match &trigger {
+                    Some(Trigger::Queue { .. }) => Some("{{ trigger.item_id }}".to_string()),
+                    Some(Trigger::File(_)) => Some("{{ trigger.sha256 }}".to_string()),
+                    _ => None,
+                });
         Some(Workflow {
             id,
             description: raw.description.unwrap_or_default(),
             dry_run: raw.dry_run.unwrap_or(true),
-            idempotency_key: raw.idempotency_key.map(|k| k.into_inner()),
+            idempotency_key,
             overlap: raw.overlap.unwrap_or_default(),
             trigger: trigger?,
             caps: caps?,
@@ -557,9 +625,18 @@ impl Validator<'_> {
             kinds.push(Trigger::Manual);
         }
         if let Some(s) = t.schedule {
+            if let Err(e) = crate::trigger::schedule::Schedule::parse(&s) {
+                self.err(span.clone(), e);
+            }
             kinds.push(Trigger::Schedule(s));
         }
         if let Some(f) = t.file {
+            if let Err(e) = globset::Glob::new(&f.pattern) {
+                self.err(
+                    span.clone(),
+                    format!("trigger.file.pattern `{}` is not a glob: {e}", f.pattern),
+                );
+            }
             kinds.push(Trigger::File(f));
         }
         if let Some(q) = t.queue {

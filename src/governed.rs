@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
 
 use crate::budget::{BudgetGuard, Figures};
 use crate::config::{EnvValue, Workflow};
@@ -74,27 +75,45 @@ impl LiveStatus {
     }
 }
 
-/// What fired a run: the trigger part of the context (`kind`, `fired_at`, …).
+/// What fired a run: its id (known before it starts, so the daemon can list it in
+/// flight) and the trigger part of the context (`kind`, `fired_at`, …).
 #[derive(Debug, Clone)]
 pub struct Fire {
+    pub run_id: String,
     pub trigger: Value,
     pub retry_of: Option<String>,
 }
 
 impl Fire {
-    /// A fire by the operator (`steward run`), with an optional JSON payload.
-    pub fn manual(payload: Option<Value>) -> Fire {
-        let trigger = json!({
-            "kind": "manual",
-            "fired_at": Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            "scheduled_for": Value::Null,
-            "payload": payload.unwrap_or(Value::Null),
+    /// A fire of `kind` with the kind's own fields in `fields` (an object).
+    pub fn new(kind: &str, scheduled_for: Option<chrono::DateTime<Utc>>, fields: Value) -> Fire {
+        let mut trigger = json!({
+            "kind": kind,
+            "fired_at": now_rfc3339(),
+            "scheduled_for": scheduled_for.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
         });
+        if let (Some(obj), Value::Object(extra)) = (trigger.as_object_mut(), fields) {
+            obj.extend(extra);
+        }
         Fire {
+            run_id: new_run_id(),
             trigger,
             retry_of: None,
         }
     }
+
+    /// A fire by the operator (`steward run`), with an optional JSON payload.
+    pub fn manual(payload: Option<Value>) -> Fire {
+        Fire::new(
+            "manual",
+            None,
+            json!({ "payload": payload.unwrap_or(Value::Null) }),
+        )
+    }
+}
+
+pub fn now_rfc3339() -> String {
+    Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// The engine every trigger and operator command goes through.
@@ -182,6 +201,18 @@ impl Engine {
     /// Runs one governed run to its terminal state. `live` asks for a live run; it is
     /// granted only if the operator approved this exact config.
     pub async fn execute(&self, wf: &Workflow, fire: Fire, live: bool) -> Result<RunRecord> {
+        self.execute_until(wf, fire, live, &CancellationToken::new())
+            .await
+    }
+
+    /// [`Engine::execute`] that stops (state `interrupted`) when `cancel` fires.
+    pub async fn execute_until(
+        &self,
+        wf: &Workflow,
+        fire: Fire,
+        live: bool,
+        cancel: &CancellationToken,
+    ) -> Result<RunRecord> {
         let status = self.live_status(wf)?;
         if live && !status.is_live() {
             return Err(EngineError::Refused(format!(
@@ -191,7 +222,7 @@ impl Engine {
             )));
         }
         let dry_run = !live;
-        let run_id = new_run_id();
+        let run_id = fire.run_id.clone();
         let mut rec = RunRecord {
             run_id: run_id.clone(),
             workflow: wf.id.clone(),
@@ -269,7 +300,7 @@ impl Engine {
             rec.attempt = attempt_no;
             let mut ctx = ctx.clone();
             ctx["attempt"] = json!(attempt_no);
-            let result = self.attempt(wf, &mut rec, &ctx, &env).await?;
+            let result = self.attempt(wf, &mut rec, &ctx, &env, cancel).await?;
             rec.attempts.push(AttemptRecord {
                 attempt: attempt_no,
                 state: result.state,
@@ -288,7 +319,10 @@ impl Engine {
                     delay.as_secs_f64()
                 );
                 self.runlog.record(&e, &env.redactor)?;
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = cancel.cancelled() => break result,
+                }
                 attempt_no += 1;
                 continue;
             }
@@ -321,7 +355,50 @@ impl Engine {
             "trigger": rec.trigger,
             "output": outcome.output,
         });
-        self.commit(wf, rec, &ctx, &env).await
+        self.commit(wf, rec, &ctx, &env, cancel).await
+    }
+
+    /// Records a fire the overlap policy did not run.
+    pub fn record_skipped(&self, wf: &Workflow, fire: Fire, reason: String) -> Result<RunRecord> {
+        self.record_state(wf, fire, RunState::Skipped, reason)
+    }
+
+    /// Records a fire that ran nothing (`skipped`, `missed`).
+    pub fn record_state(
+        &self,
+        wf: &Workflow,
+        fire: Fire,
+        state: RunState,
+        reason: String,
+    ) -> Result<RunRecord> {
+        let rec = RunRecord {
+            run_id: fire.run_id.clone(),
+            workflow: wf.id.clone(),
+            config_hash: wf.config_hash.clone(),
+            state,
+            reason: String::new(),
+            dry_run: true,
+            committed: false,
+            attempt: 0,
+            idempotency_key: None,
+            trigger: fire.trigger.clone(),
+            started_at: Utc::now(),
+            ended_at: None,
+            figures: Figures::default(),
+            breach: None,
+            output: None,
+            verify: None,
+            commit_output: None,
+            stderr: BTreeMap::new(),
+            notes: Vec::new(),
+            attempts: Vec::new(),
+            retry_of: fire.retry_of,
+        };
+        let env = StepEnv {
+            vars: Vec::new(),
+            redactor: Redactor::default(),
+        };
+        self.finish(wf, rec, &env, state, reason, false)
     }
 
     /// Runs maker and checker once under a fresh budget.
@@ -331,6 +408,7 @@ impl Engine {
         rec: &mut RunRecord,
         ctx: &Value,
         env: &StepEnv,
+        cancel: &CancellationToken,
     ) -> Result<Attempt> {
         let mut guard = BudgetGuard::new(wf.caps.clone());
         let vars = step_vars(wf, rec, env);
@@ -347,6 +425,7 @@ impl Engine {
                 Some(&mut guard),
                 None,
                 env,
+                cancel,
             )
             .await?;
         if let Some(end) = stopped(&run) {
@@ -388,6 +467,7 @@ impl Engine {
                 Some(&mut guard),
                 None,
                 env,
+                cancel,
             )
             .await?;
         if let Some(end) = stopped(&verify) {
@@ -435,6 +515,7 @@ impl Engine {
         guard: Option<&mut BudgetGuard>,
         timeout: Option<Duration>,
         env: &StepEnv,
+        cancel: &CancellationToken,
     ) -> Result<StepOutcome> {
         let req = StepRequest {
             kind,
@@ -449,6 +530,7 @@ impl Engine {
             } else {
                 wf.caps.stall_timeout
             },
+            cancel: cancel.clone(),
         };
         let figures_before = guard.is_some();
         let mut guard = guard;
@@ -496,6 +578,10 @@ impl Engine {
                 ),
             ),
             Ending::SpawnFailed(e) => ("error", e.clone()),
+            Ending::Cancelled => (
+                "cancelled",
+                "steward stopped the run; process group killed".to_string(),
+            ),
         };
         let mut e = self.entry(rec, kind.name(), status);
         e.detail = detail;
@@ -517,6 +603,7 @@ impl Engine {
         mut rec: RunRecord,
         ctx: &Value,
         env: &StepEnv,
+        cancel: &CancellationToken,
     ) -> Result<RunRecord> {
         let Some(commit) = &wf.commit else {
             if let Some(key) = &rec.idempotency_key {
@@ -550,6 +637,7 @@ impl Engine {
                 None,
                 commit.timeout,
                 env,
+                cancel,
             )
             .await?;
         rec.commit_output = Some(parse_output(&out.stdout));
@@ -582,7 +670,12 @@ impl Engine {
         if in_doubt {
             why.push_str("; the commit may have partly happened: its idempotency key is in doubt");
         }
-        self.finish(wf, rec, env, RunState::Failed, why, in_doubt)
+        let state = if out.ending == Ending::Cancelled {
+            RunState::Interrupted
+        } else {
+            RunState::Failed
+        };
+        self.finish(wf, rec, env, state, why, in_doubt)
     }
 
     /// Records the terminal state: run record, queues, key, runlog; then flushes.
@@ -677,7 +770,8 @@ impl Engine {
             "trigger": rec.trigger,
             "output": rec.output,
         });
-        self.commit(wf, rec, &ctx, &env).await
+        self.commit(wf, rec, &ctx, &env, &CancellationToken::new())
+            .await
     }
 
     /// `steward reject RUN`: the operator refuses an escalated run; its key is freed.
@@ -849,6 +943,11 @@ fn stopped(out: &StepOutcome) -> Option<(RunState, String, Option<String>)> {
             None,
         )),
         Ending::SpawnFailed(e) => Some((RunState::Failed, e.clone(), None)),
+        Ending::Cancelled => Some((
+            RunState::Interrupted,
+            "interrupted: steward stopped the run before its commit".to_string(),
+            None,
+        )),
     }
 }
 
@@ -856,6 +955,7 @@ fn failure(step: &str, out: &StepOutcome) -> String {
     let how = match (&out.ending, out.exit) {
         (Ending::SpawnFailed(e), _) => e.clone(),
         (Ending::TimedOut(d), _) => format!("timed out after {:.1}s", d.as_secs_f64()),
+        (Ending::Cancelled, _) => "stopped by steward".to_string(),
         (_, Some(exit)) => exit.to_string(),
         (_, None) => "ended without an exit status".to_string(),
     };

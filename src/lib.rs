@@ -15,11 +15,19 @@
 //! belongs) and one line per step in `runlog.jsonl` ([`runlog`]), with secrets masked by
 //! the [`redact`] module. The [`cli`] is the operator's handle on all of it; `steward new`
 //! writes a workflow skeleton ([`scaffold`]).
+//!
+//! The [`daemon`] is the long-running home of all this: its [`trigger`] tasks (cron,
+//! file drops, queues, webhooks) turn events into fires, a dispatcher applies overlap
+//! policy and a global cap, missed schedules are caught up through queue markers
+//! ([`drain`]), and operators reach it through the [`control_socket`].
 
 pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod control_socket;
+pub mod daemon;
+pub mod drain;
 pub mod governed;
 pub mod redact;
 pub mod runlog;
@@ -27,3 +35,4 @@ pub mod scaffold;
 pub mod step;
 pub mod store;
 pub mod template;
+pub mod trigger;

@@ -18,6 +18,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
 
 use crate::budget::{Breach, BudgetGuard};
 use crate::control::{self, Message};
@@ -28,6 +29,8 @@ pub const STDOUT_CAP: usize = 1 << 20;
 pub const STDERR_TAIL: usize = 16 << 10;
 /// Notes kept per step; more are counted, not stored.
 const MAX_NOTES: usize = 100;
+/// SIGTERM → SIGKILL for a run the daemon cancels (it has had its grace already).
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
 /// How long to wait for pipes to reach EOF once the group is gone.
 const DRAIN_WAIT: Duration = Duration::from_millis(500);
 
@@ -61,6 +64,8 @@ pub struct StepRequest<'a> {
     pub timeout: Option<Duration>,
     pub kill_grace: Duration,
     pub stall_timeout: Option<Duration>,
+    /// Cancelled when the daemon stops or a newer fire replaces this run (`cancel_other`).
+    pub cancel: CancellationToken,
 }
 
 /// Why the supervisor stopped watching.
@@ -76,6 +81,8 @@ pub enum Ending {
     TimedOut(Duration),
     /// The command could not be started.
     SpawnFailed(String),
+    /// steward was told to stop the run (shutdown, `cancel_other`); the group was killed.
+    Cancelled,
 }
 
 /// How the process itself ended.
@@ -171,6 +178,9 @@ impl StepOutcome {
 /// Runs one step to its end. `guard` is the attempt's budget (None for commit).
 pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>) -> StepOutcome {
     let started = Instant::now();
+    if req.cancel.is_cancelled() {
+        return StepOutcome::new(Ending::Cancelled);
+    }
     let (mut child, ctl_read) = match spawn(&req) {
         Ok(pair) => pair,
         Err(e) => {
@@ -237,11 +247,18 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
             _ = tokio::time::sleep_until(stall_at.unwrap_or(far).into()), if stall_at.is_some() => {
                 break Ending::Stalled(req.stall_timeout.unwrap_or_default());
             }
+            _ = req.cancel.cancelled() => break Ending::Cancelled,
         }
     };
 
     if ending != Ending::Exited {
-        out.exit = stop_group(&mut child, pgid, req.kill_grace).await;
+        // A cancelled run already had the daemon's grace period: stop it promptly.
+        let grace = if ending == Ending::Cancelled {
+            req.kill_grace.min(CANCEL_GRACE)
+        } else {
+            req.kill_grace
+        };
+        out.exit = stop_group(&mut child, pgid, grace).await;
     }
     // Sweep: a grandchild left behind (even one that ignores SIGTERM) dies with its step.
     if let Some(pgid) = pgid {

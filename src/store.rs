@@ -50,6 +50,10 @@ pub enum RunState {
     Stagnated,
     Failed,
     Interrupted,
+    /// A fire the overlap policy did not run (recorded, never silently dropped).
+    Skipped,
+    /// A scheduled slot that passed while steward was not running.
+    Missed,
 }
 
 impl RunState {
@@ -64,6 +68,8 @@ impl RunState {
             RunState::Stagnated => "stagnated",
             RunState::Failed => "failed",
             RunState::Interrupted => "interrupted",
+            RunState::Skipped => "skipped",
+            RunState::Missed => "missed",
         }
     }
 
@@ -85,6 +91,7 @@ impl RunState {
             RunState::Exhausted => 6,
             RunState::Stagnated => 7,
             RunState::Interrupted | RunState::Running => 8,
+            RunState::Skipped | RunState::Missed => 9,
         }
     }
 }
@@ -201,6 +208,7 @@ pub struct Store {
     dead_letter: sled::Tree,
     review: sled::Tree,
     approvals: sled::Tree,
+    meta: sled::Tree,
 }
 
 impl Store {
@@ -227,6 +235,7 @@ impl Store {
             dead_letter: db.open_tree("dead_letter")?,
             review: db.open_tree("review")?,
             approvals: db.open_tree("approvals")?,
+            meta: db.open_tree("meta")?,
             db,
         };
         let recovery = store.recover()?;
@@ -312,6 +321,17 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    // ---- schedules ----
+
+    /// The last slot a schedule fired (or handled as missed).
+    pub fn last_slot(&self, workflow: &str) -> Result<Option<DateTime<Utc>>> {
+        get(&self.meta, "meta", &format!("last_slot/{workflow}"))
+    }
+
+    pub fn set_last_slot(&self, workflow: &str, slot: DateTime<Utc>) -> Result<()> {
+        self.put(&self.meta, &format!("last_slot/{workflow}"), &slot)
     }
 
     // ---- idempotency keys ----

@@ -1,20 +1,36 @@
-//! The command line: clap definitions and one function per command.
+//! The command line: clap definitions and one handler per command.
 //!
 //! Output is for a person by default; `--json` gives a script something stable to parse.
 //! Errors go to stderr as `steward: what failed: why`, with a hint where there is one.
+//!
+//! sled admits one process per state folder, so while a daemon runs, every command that
+//! touches the store is sent to it over the control socket ([`crate::control_socket`]) and
+//! executed there by the same [`execute`] handler; the reply is printed here. With no
+//! daemon, the CLI opens the store itself.
 
 mod logs;
 mod render;
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::config::{self, Config};
+use crate::daemon;
 use crate::governed::{self, Engine, Fire};
 use crate::store::RunState;
+
+/// `writeln!` into a String cannot fail.
+macro_rules! wln {
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
 
 const AFTER_HELP: &str = "\
 Every run goes trigger → run (maker) → verify (checker) → commit, under hard budgets.
@@ -53,6 +69,21 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run the daemon: fire workflows from their triggers until SIGTERM
+    Daemon(DaemonArgs),
+    /// What a running daemon is doing: uptime, workflows, next fires, runs in flight
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put an item on a queue (through the daemon when it runs)
+    Enqueue {
+        /// Queue name, as in a workflow's `[trigger] queue = "NAME"`
+        queue: String,
+        /// The item: any JSON value; it reaches the run as trigger.payload
+        #[arg(long, value_name = "JSON")]
+        payload: String,
+    },
     /// Check every workflow file in the config folder; report all errors, run nothing
     Validate,
     /// List workflows with their trigger and whether they run live or dry
@@ -193,16 +224,57 @@ pub enum InDoubtCmd {
 }
 
 #[derive(Args, Debug)]
+pub struct DaemonArgs {
+    /// Seconds in-flight runs get to finish after SIGTERM before their process groups are killed
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub grace: f64,
+    /// Most runs at once, over all workflows
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub max_concurrent: usize,
+    /// Also write the daemon log to daily-rotated files in this folder
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
 pub struct NewArgs {
     /// Workflow id: a-z, 0-9, `-`, `_`
     pub workflow: String,
 }
 
+/// What a command printed and how it exits: built the same way locally and in the daemon.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct Reply {
+    pub stdout: String,
+    pub stderr: String,
+    pub code: i32,
+}
+
+/// What a handler works against: the engine, the config, and the daemon when it is the
+/// daemon executing the command.
+pub struct Ctx {
+    pub engine: Engine,
+    pub config_dir: PathBuf,
+    pub daemon: Option<Arc<daemon::Shared>>,
+}
+
+impl Ctx {
+    fn config(&self) -> Result<Arc<Config>> {
+        match &self.daemon {
+            Some(d) => Ok(d.config()),
+            None => Ok(Arc::new(load_config(&self.config_dir)?)),
+        }
+    }
+}
+
 /// Runs the CLI and returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
-    init_tracing();
-    match dispatch(cli) {
+    let daemon_mode = matches!(cli.command, Command::Daemon(_));
+    if !daemon_mode {
+        init_tracing(None);
+    }
+    match run_cli(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("steward: {e:#}");
@@ -211,73 +283,75 @@ pub fn main() -> i32 {
     }
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("STEWARD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+/// Logs go to stderr (journald reads them there), and to rolling files with `--log-dir`.
+pub fn init_tracing(log_dir: Option<&Path>) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let default = if log_dir.is_some() { "info" } else { "warn" };
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("STEWARD_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+            .add_directive(
+                "tokio_cron_scheduler=warn"
+                    .parse()
+                    .expect("static directive"),
+            )
+    };
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .try_init();
+        .with_filter(filter());
+    match log_dir {
+        None => {
+            let _ = tracing_subscriber::registry().with(stderr).try_init();
+            None
+        }
+        Some(dir) => {
+            let appender = tracing_appender::rolling::Builder::new()
+                .rotation(tracing_appender::rolling::Rotation::DAILY)
+                .filename_prefix("steward")
+                .filename_suffix("log")
+                .max_log_files(14)
+                .build(dir)
+                .ok()?;
+            let (writer, guard) = tracing_appender::non_blocking(appender);
+            let file = tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(writer)
+                .with_filter(filter());
+            let _ = tracing_subscriber::registry()
+                .with(stderr)
+                .with(file)
+                .try_init();
+            Some(guard)
+        }
+    }
 }
 
-fn dispatch(cli: Cli) -> Result<i32> {
+fn run_cli(cli: Cli) -> Result<i32> {
     let Cli {
         config,
         state,
         command,
     } = cli;
     match command {
-        Command::Validate => validate(&config),
-        Command::List { json } => list(&config, &state, json),
-        Command::Run {
-            workflow,
-            live,
-            payload,
-            json,
-        } => {
-            let payload = payload
-                .map(|p| {
-                    serde_json::from_str(&p)
-                        .map_err(|e| anyhow!("--payload is not valid JSON: {e}"))
-                })
-                .transpose()?;
-            let cfg = load_config(&config)?;
-            let wf = cfg.workflow(&workflow).map_err(|e| anyhow!(e))?;
-            let engine = open_engine(&state)?;
-            let rec = block_on(engine.execute(wf, Fire::manual(payload), live))?;
-            print_run(&rec, json);
-            Ok(rec.state.exit_code())
-        }
-        Command::Runs {
-            workflow,
-            status,
-            limit,
-            json,
-        } => {
-            let engine = open_engine(&state)?;
-            let status = status.map(|s| parse_state(&s)).transpose()?;
-            let runs = engine.store.runs(
-                |r| {
-                    workflow.as_ref().is_none_or(|w| &r.workflow == w)
-                        && status.is_none_or(|s| r.state == s)
-                },
-                limit,
-            )?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&runs)?);
-            } else {
-                render::runs_table(&runs);
-            }
+        Command::Daemon(args) => {
+            let _guard = init_tracing(args.log_dir.as_deref());
+            daemon::run_blocking(daemon::Options {
+                config_dir: config,
+                state_dir: state,
+                grace: std::time::Duration::from_secs_f64(args.grace.clamp(0.0, 3600.0)),
+                max_concurrent: args.max_concurrent.max(1),
+            })?;
             Ok(0)
         }
-        Command::Show { run, json } => {
-            let engine = open_engine(&state)?;
-            let rec = engine.store.run(&run)?.ok_or_else(|| no_run(&run))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&rec)?);
-            } else {
-                render::run_detail(&rec);
+        Command::Validate => validate(&config),
+        Command::New(args) => {
+            let written = crate::scaffold::create(&config, &args.workflow)?;
+            for p in &written {
+                println!("wrote {}", p.display());
             }
+            println!("next: edit the ten sections, then `steward validate` and `steward run {}` (dry-run)", args.workflow);
             Ok(0)
         }
         Command::Logs {
@@ -290,9 +364,148 @@ fn dispatch(cli: Cli) -> Result<i32> {
             logs::print(&state, logs::Filter { run, workflow }, lines, json, follow)?;
             Ok(0)
         }
-        Command::DeadLetter(cmd) => dead_letter(&config, &state, cmd),
-        Command::Review { json } => {
+        command => {
+            // Everything else touches the store: through the daemon if one runs.
+            let argv: Vec<String> = std::env::args().skip(1).collect();
+            if let Some(reply) = crate::control_socket::forward(&state, &argv)? {
+                print!("{}", reply.stdout);
+                eprint!("{}", reply.stderr);
+                return Ok(reply.code);
+            }
+            if let Command::Status { .. } = command {
+                bail!("no steward daemon is running on state folder {} (start one with `steward daemon`)", state.display());
+            }
+            if let Command::Enqueue { queue, payload } = &command {
+                let payload = parse_json("--payload", payload)?;
+                let item = crate::trigger::queue::write_item(&state, queue, &payload)?;
+                println!("queued item {item} on {queue} (no daemon running: it runs when the daemon starts)");
+                return Ok(0);
+            }
             let engine = open_engine(&state)?;
+            let ctx = Ctx {
+                engine,
+                config_dir: config,
+                daemon: None,
+            };
+            let reply = block_on(execute(&ctx, command));
+            print!("{}", reply.stdout);
+            eprint!("{}", reply.stderr);
+            Ok(reply.code)
+        }
+    }
+}
+
+/// Runs one store command and collects what it prints.
+pub async fn execute(ctx: &Ctx, command: Command) -> Reply {
+    let mut reply = Reply::default();
+    match handle(ctx, command, &mut reply.stdout).await {
+        Ok(code) => reply.code = code,
+        Err(e) => {
+            wln!(reply.stderr, "steward: {e:#}");
+            reply.code = 1;
+        }
+    }
+    reply
+}
+
+async fn handle(ctx: &Ctx, command: Command, out: &mut String) -> Result<i32> {
+    let engine = &ctx.engine;
+    match command {
+        Command::Daemon(_) | Command::Validate | Command::New(_) | Command::Logs { .. } => {
+            bail!("this command runs in the CLI, not through the daemon")
+        }
+        Command::Status { json } => {
+            let d = ctx.daemon.as_ref().ok_or_else(|| anyhow!("no daemon"))?;
+            let status = d.status()?;
+            if json {
+                wln!(out, "{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                render::status(out, &status);
+            }
+            Ok(0)
+        }
+        Command::Enqueue { queue, payload } => {
+            let d = ctx.daemon.as_ref().ok_or_else(|| anyhow!("no daemon"))?;
+            let payload = parse_json("--payload", &payload)?;
+            let item = d.enqueue(&queue, &payload)?;
+            wln!(out, "queued item {item} on {queue}");
+            Ok(0)
+        }
+        Command::List { json } => {
+            let cfg = ctx.config()?;
+            let mut rows = Vec::new();
+            for wf in cfg.workflows.values() {
+                let status = engine.live_status(wf)?;
+                let forced = ctx.daemon.as_ref().is_some_and(|d| d.forced_dry_run());
+                let mut row = json!({
+                    "id": wf.id,
+                    "trigger": wf.trigger.kind(),
+                    "live": status.is_live() && !forced,
+                    "mode": if forced { "dry-run (forced for every workflow by SIGUSR1; SIGUSR2 lifts it)".to_string() } else { status.describe(&wf.id) },
+                    "description": wf.description,
+                    "file": wf.file,
+                });
+                if let Some(next) = crate::trigger::schedule::next_fire_json(wf) {
+                    row["next_fire"] = next;
+                }
+                rows.push(row);
+            }
+            if json {
+                wln!(out, "{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                render::workflows_table(out, &rows);
+            }
+            Ok(0)
+        }
+        Command::Run {
+            workflow,
+            live,
+            payload,
+            json,
+        } => {
+            let payload = payload.map(|p| parse_json("--payload", &p)).transpose()?;
+            let cfg = ctx.config()?;
+            let wf = cfg.workflow(&workflow).map_err(|e| anyhow!(e))?;
+            let fire = Fire::manual(payload);
+            let rec = match &ctx.daemon {
+                Some(d) => d.run_now(wf, fire, live).await?,
+                None => engine.execute(wf, fire, live).await?,
+            };
+            print_run(out, &rec, json);
+            Ok(rec.state.exit_code())
+        }
+        Command::Runs {
+            workflow,
+            status,
+            limit,
+            json,
+        } => {
+            let status = status.map(|s| parse_state(&s)).transpose()?;
+            let runs = engine.store.runs(
+                |r| {
+                    workflow.as_ref().is_none_or(|w| &r.workflow == w)
+                        && status.is_none_or(|s| r.state == s)
+                },
+                limit,
+            )?;
+            if json {
+                wln!(out, "{}", serde_json::to_string_pretty(&runs)?);
+            } else {
+                render::runs_table(out, &runs);
+            }
+            Ok(0)
+        }
+        Command::Show { run, json } => {
+            let rec = engine.store.run(&run)?.ok_or_else(|| no_run(&run))?;
+            if json {
+                wln!(out, "{}", serde_json::to_string_pretty(&rec)?);
+            } else {
+                render::run_detail(out, &rec);
+            }
+            Ok(0)
+        }
+        Command::DeadLetter(cmd) => dead_letter(ctx, cmd, out).await,
+        Command::Review { json } => {
             let mut runs = Vec::new();
             for id in engine.store.review_queue()? {
                 if let Some(r) = engine.store.run(&id)? {
@@ -300,38 +513,37 @@ fn dispatch(cli: Cli) -> Result<i32> {
                 }
             }
             if json {
-                println!("{}", serde_json::to_string_pretty(&runs)?);
+                wln!(out, "{}", serde_json::to_string_pretty(&runs)?);
             } else if runs.is_empty() {
-                println!("review queue is empty");
+                wln!(out, "review queue is empty");
             } else {
-                render::runs_table(&runs);
+                render::runs_table(out, &runs);
             }
             Ok(0)
         }
         Command::Approve { run } => {
-            let engine = open_engine(&state)?;
             let rec = engine.store.run(&run)?.ok_or_else(|| no_run(&run))?;
-            let cfg = load_config(&config)?;
+            let cfg = ctx.config()?;
             let wf = cfg.workflow(&rec.workflow).map_err(|e| anyhow!(e))?;
-            let rec = block_on(engine.approve(wf, &run))?;
-            print_run(&rec, false);
+            let rec = engine.approve(wf, &run).await?;
+            print_run(out, &rec, false);
             Ok(rec.state.exit_code())
         }
         Command::Reject { run, reason } => {
-            let engine = open_engine(&state)?;
             let rec = engine.reject(&run, reason.as_deref())?;
-            println!(
+            wln!(
+                out,
                 "run {} rejected: its idempotency key is free to fire again",
                 rec.run_id
             );
             Ok(0)
         }
         Command::GoLive { workflow } => {
-            let cfg = load_config(&config)?;
+            let cfg = ctx.config()?;
             let wf = cfg.workflow(&workflow).map_err(|e| anyhow!(e))?;
-            let engine = open_engine(&state)?;
             let a = engine.go_live(wf)?;
-            println!(
+            wln!(
+                out,
                 "{} is live: approved config sha256 {} ({}). Editing {} drops it back to dry-run.",
                 wf.id,
                 &a.config_hash[..12],
@@ -341,29 +553,24 @@ fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::DryRun { workflow } => {
-            let cfg = load_config(&config)?;
+            let cfg = ctx.config()?;
             let wf = cfg.workflow(&workflow).map_err(|e| anyhow!(e))?;
-            let engine = open_engine(&state)?;
-            let had = engine.dry_run(wf)?;
-            if had {
-                println!("{} is dry-run again: go-live approval withdrawn", wf.id);
+            if engine.dry_run(wf)? {
+                wln!(
+                    out,
+                    "{} is dry-run again: go-live approval withdrawn",
+                    wf.id
+                );
             } else {
-                println!("{} was not approved for go-live: it stays dry-run", wf.id);
+                wln!(
+                    out,
+                    "{} was not approved for go-live: it stays dry-run",
+                    wf.id
+                );
             }
             Ok(0)
         }
-        Command::InDoubt(cmd) => in_doubt(&state, cmd),
-        Command::New(args) => {
-            let written = crate::scaffold::create(&config, &args.workflow)?;
-            for p in &written {
-                println!("wrote {}", p.display());
-            }
-            println!(
-                "next: edit the ten sections, then `steward validate` and `steward run {}` (dry-run)",
-                args.workflow
-            );
-            Ok(0)
-        }
+        Command::InDoubt(cmd) => in_doubt(engine, cmd, out),
     }
 }
 
@@ -395,41 +602,18 @@ fn validate(config: &Path) -> Result<i32> {
     }
 }
 
-fn list(config: &Path, state: &Path, json: bool) -> Result<i32> {
-    let cfg = load_config(config)?;
-    let engine = open_engine(state)?;
-    let mut rows = Vec::new();
-    for wf in cfg.workflows.values() {
-        let status = engine.live_status(wf)?;
-        rows.push(json!({
-            "id": wf.id,
-            "trigger": wf.trigger.kind(),
-            "live": status.is_live(),
-            "mode": status.describe(&wf.id),
-            "description": wf.description,
-            "file": wf.file,
-        }));
-    }
-    if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-    } else {
-        render::workflows_table(&rows);
-    }
-    Ok(0)
-}
-
-fn dead_letter(config: &Path, state: &Path, cmd: DeadLetterCmd) -> Result<i32> {
-    let engine = open_engine(state)?;
+async fn dead_letter(ctx: &Ctx, cmd: DeadLetterCmd, out: &mut String) -> Result<i32> {
+    let engine = &ctx.engine;
     match cmd {
         DeadLetterCmd::List { json } => {
             let entries = engine.store.dead_letters()?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&entries)?);
+                wln!(out, "{}", serde_json::to_string_pretty(&entries)?);
             } else if entries.is_empty() {
-                println!("dead-letter queue is empty");
+                wln!(out, "dead-letter queue is empty");
             } else {
                 let runs: Vec<_> = entries.into_iter().map(|e| e.run).collect();
-                render::runs_table(&runs);
+                render::runs_table(out, &runs);
             }
         }
         DeadLetterCmd::Show { run, json } => {
@@ -437,26 +621,29 @@ fn dead_letter(config: &Path, state: &Path, cmd: DeadLetterCmd) -> Result<i32> {
                 anyhow!("no dead-letter entry for run `{run}` (see `steward dead-letter list`)")
             })?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&entry)?);
+                wln!(out, "{}", serde_json::to_string_pretty(&entry)?);
             } else {
-                println!("dead-lettered {}", entry.dead_lettered_at.to_rfc3339());
-                render::run_detail(&entry.run);
+                wln!(out, "dead-lettered {}", entry.dead_lettered_at.to_rfc3339());
+                render::run_detail(out, &entry.run);
             }
         }
         DeadLetterCmd::Retry { run, json } => {
             let entry = engine.store.dead_letter_entry(&run)?.ok_or_else(|| {
                 anyhow!("no dead-letter entry for run `{run}` (see `steward dead-letter list`)")
             })?;
-            let cfg = load_config(config)?;
+            let cfg = ctx.config()?;
             let wf = cfg.workflow(&entry.run.workflow).map_err(|e| anyhow!(e))?;
-            let fire = Fire {
-                trigger: entry.run.trigger.clone(),
-                retry_of: Some(run.clone()),
+            let mut fire = Fire::manual(None);
+            fire.trigger = entry.run.trigger.clone();
+            fire.retry_of = Some(run.clone());
+            let live = !entry.run.dry_run;
+            let rec = match &ctx.daemon {
+                Some(d) => d.run_now(wf, fire, live).await?,
+                None => engine.execute(wf, fire, live).await?,
             };
-            let rec = block_on(engine.execute(wf, fire, !entry.run.dry_run))?;
             engine.store.remove_dead_letter(&run)?;
             engine.store.flush()?;
-            print_run(&rec, json);
+            print_run(out, &rec, json);
             return Ok(rec.state.exit_code());
         }
         DeadLetterCmd::Purge { runs, all } => {
@@ -477,11 +664,12 @@ fn dead_letter(config: &Path, state: &Path, cmd: DeadLetterCmd) -> Result<i32> {
                 if engine.store.remove_dead_letter(id)? {
                     removed += 1;
                 } else {
-                    eprintln!("steward: no dead-letter entry for run `{id}`");
+                    wln!(out, "no dead-letter entry for run `{id}`");
                 }
             }
             engine.store.flush()?;
-            println!(
+            wln!(
+                out,
                 "purged {removed} dead-letter entr{}",
                 if removed == 1 { "y" } else { "ies" }
             );
@@ -490,17 +678,16 @@ fn dead_letter(config: &Path, state: &Path, cmd: DeadLetterCmd) -> Result<i32> {
     Ok(0)
 }
 
-fn in_doubt(state: &Path, cmd: InDoubtCmd) -> Result<i32> {
-    let engine = open_engine(state)?;
+fn in_doubt(engine: &Engine, cmd: InDoubtCmd, out: &mut String) -> Result<i32> {
     match cmd {
         InDoubtCmd::List { json } => {
             let keys = engine.store.keys_in_doubt()?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&keys)?);
+                wln!(out, "{}", serde_json::to_string_pretty(&keys)?);
             } else if keys.is_empty() {
-                println!("no idempotency key is in doubt");
+                wln!(out, "no idempotency key is in doubt");
             } else {
-                render::in_doubt_table(&keys);
+                render::in_doubt_table(out, &keys);
             }
         }
         InDoubtCmd::Resolve {
@@ -511,16 +698,22 @@ fn in_doubt(state: &Path, cmd: InDoubtCmd) -> Result<i32> {
         } => {
             engine.settle_key(&workflow, &key, committed)?;
             if committed {
-                println!("key `{key}` of {workflow} marked committed: a re-fire is a clean no-op");
+                wln!(
+                    out,
+                    "key `{key}` of {workflow} marked committed: a re-fire is a clean no-op"
+                );
             } else {
-                println!("key `{key}` of {workflow} released: the next fire runs again");
+                wln!(
+                    out,
+                    "key `{key}` of {workflow} released: the next fire runs again"
+                );
             }
         }
     }
     Ok(0)
 }
 
-fn load_config(dir: &Path) -> Result<Config> {
+pub fn load_config(dir: &Path) -> Result<Config> {
     config::load_dir(dir).map_err(|errors| {
         let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         anyhow!(
@@ -535,6 +728,12 @@ fn load_config(dir: &Path) -> Result<Config> {
 fn open_engine(state: &Path) -> Result<Engine> {
     let (engine, recovery) = governed::open(state)
         .with_context(|| format!("cannot open state folder {}", state.display()))?;
+    report_recovery(&recovery);
+    Ok(engine)
+}
+
+/// Tells the operator what a crash left behind.
+pub fn report_recovery(recovery: &crate::store::Recovery) {
     if !recovery.interrupted_runs.is_empty() {
         eprintln!(
             "steward: recovered after a crash: {} run(s) interrupted ({})",
@@ -548,12 +747,11 @@ fn open_engine(state: &Path) -> Result<Engine> {
             recovery.keys_in_doubt.len()
         );
     }
-    Ok(engine)
 }
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    // A current-thread runtime is enough for one run; building it cannot fail short of
-    // the OS refusing an epoll fd, which leaves nothing sensible to do.
+    // A current-thread runtime is enough for one command; building it fails only when
+    // the OS refuses an epoll fd, which leaves nothing sensible to do.
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -561,17 +759,25 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
-fn print_run(rec: &crate::store::RunRecord, json: bool) {
+fn print_run(out: &mut String, rec: &crate::store::RunRecord, json: bool) {
     if json {
-        println!("{}", serde_json::to_string_pretty(rec).unwrap_or_default());
+        wln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(rec).unwrap_or_default()
+        );
     } else {
-        render::run_summary(rec);
+        render::run_summary(out, rec);
     }
+}
+
+fn parse_json(flag: &str, text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| anyhow!("{flag} is not valid JSON: {e}"))
 }
 
 fn parse_state(s: &str) -> Result<RunState> {
     serde_json::from_value(json!(s)).map_err(|_| {
-        anyhow!("unknown state `{s}`: use success, clean-no-op, blocked, approval-required, exhausted, stagnated, failed, interrupted or running")
+        anyhow!("unknown state `{s}`: use success, clean-no-op, blocked, approval-required, exhausted, stagnated, failed, interrupted, skipped or running")
     })
 }
 

@@ -1,15 +1,32 @@
-//! Person-readable renderings of runs, workflows and keys.
+//! Person-readable renderings of runs, workflows and keys, written into a buffer so the
+//! same text can be printed locally or sent back over the control socket.
+
+use std::fmt::Write;
 
 use serde_json::Value;
 
+/// `writeln!` into a String cannot fail.
+macro_rules! wln {
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
 use crate::store::{KeyRecord, RunRecord};
 
-pub fn run_summary(r: &RunRecord) {
+pub fn run_summary(out: &mut String, r: &RunRecord) {
     let mode = if r.dry_run { "dry-run" } else { "live" };
-    println!("run {} ({}, {mode}): {}", r.run_id, r.workflow, r.state);
-    println!("  {}", r.reason);
+    wln!(
+        out,
+        "run {} ({}, {mode}): {}",
+        r.run_id,
+        r.workflow,
+        r.state
+    );
+    wln!(out, "  {}", r.reason);
     let f = &r.figures;
-    println!(
+    wln!(
+        out,
         "  tokens {} · tool_calls {} · cost_usd {} · runtime {:.1}s · attempt {}",
         f.tokens,
         f.tool_calls,
@@ -18,37 +35,42 @@ pub fn run_summary(r: &RunRecord) {
         r.attempt
     );
     if r.state.dead_letters() {
-        println!("  dead-lettered: `steward dead-letter show {}`", r.run_id);
+        wln!(
+            out,
+            "  dead-lettered: `steward dead-letter show {}`",
+            r.run_id
+        );
     }
     if r.state == crate::store::RunState::ApprovalRequired {
-        println!(
+        wln!(
+            out,
             "  waiting for review: `steward approve {0}` or `steward reject {0}`",
             r.run_id
         );
     }
 }
 
-pub fn run_detail(r: &RunRecord) {
-    run_summary(r);
-    let field = |name: &str, v: String| println!("{name:>16}: {v}");
-    field("config sha256", r.config_hash.clone());
-    field("started", r.started_at.to_rfc3339());
+pub fn run_detail(out: &mut String, r: &RunRecord) {
+    run_summary(out, r);
+    let field = |out: &mut String, name: &str, v: String| wln!(out, "{name:>16}: {v}");
+    field(out, "config sha256", r.config_hash.clone());
+    field(out, "started", r.started_at.to_rfc3339());
     if let Some(end) = r.ended_at {
-        field("ended", end.to_rfc3339());
+        field(out, "ended", end.to_rfc3339());
     }
-    field("committed", r.committed.to_string());
+    field(out, "committed", r.committed.to_string());
     if let Some(k) = &r.idempotency_key {
-        field("idempotency key", k.clone());
+        field(out, "idempotency key", k.clone());
     }
     if let Some(b) = &r.breach {
-        field("breach", b.clone());
+        field(out, "breach", b.clone());
     }
     if let Some(of) = &r.retry_of {
-        field("retry of", of.clone());
+        field(out, "retry of", of.clone());
     }
-    field("trigger", compact(&r.trigger));
+    field(out, "trigger", compact(&r.trigger));
     if let Some(o) = &r.output {
-        field("output", compact(o));
+        field(out, "output", compact(o));
     }
     if let Some(v) = &r.verify {
         let conf = v
@@ -56,22 +78,23 @@ pub fn run_detail(r: &RunRecord) {
             .as_deref()
             .map(|c| format!(" (confidence {c})"))
             .unwrap_or_default();
-        field("verify", format!("{}{conf}: {}", v.verdict, v.reason));
+        field(out, "verify", format!("{}{conf}: {}", v.verdict, v.reason));
     }
     if let Some(o) = &r.commit_output {
-        field("commit output", compact(o));
+        field(out, "commit output", compact(o));
     }
     for a in &r.attempts {
         field(
+            out,
             &format!("attempt {}", a.attempt),
             format!("{}: {}", a.state, a.reason),
         );
     }
     for n in &r.notes {
-        field("note", n.clone());
+        field(out, "note", n.clone());
     }
     for (step, tail) in &r.stderr {
-        println!("{:>16}:", format!("{step} stderr"));
+        wln!(out, "{:>16}:", format!("{step} stderr"));
         for line in tail
             .lines()
             .rev()
@@ -80,7 +103,7 @@ pub fn run_detail(r: &RunRecord) {
             .into_iter()
             .rev()
         {
-            println!("{:>16}  {line}", "");
+            wln!(out, "{:>16}  {line}", "");
         }
     }
 }
@@ -94,18 +117,24 @@ fn compact(v: &Value) -> String {
     }
 }
 
-pub fn runs_table(runs: &[RunRecord]) {
+pub fn runs_table(out: &mut String, runs: &[RunRecord]) {
     if runs.is_empty() {
-        println!("no runs");
+        wln!(out, "no runs");
         return;
     }
-    println!(
+    wln!(
+        out,
         "{:<26} {:<22} {:<18} {:<7} {:<20} REASON",
-        "RUN", "WORKFLOW", "STATE", "MODE", "STARTED"
+        "RUN",
+        "WORKFLOW",
+        "STATE",
+        "MODE",
+        "STARTED"
     );
     for r in runs {
         let reason: String = r.reason.chars().take(70).collect();
-        println!(
+        wln!(
+            out,
             "{:<26} {:<22} {:<18} {:<7} {:<20} {}",
             r.run_id,
             r.workflow,
@@ -117,17 +146,21 @@ pub fn runs_table(runs: &[RunRecord]) {
     }
 }
 
-pub fn workflows_table(rows: &[Value]) {
+pub fn workflows_table(out: &mut String, rows: &[Value]) {
     if rows.is_empty() {
-        println!("no workflows (create one with `steward new NAME`)");
+        wln!(out, "no workflows (create one with `steward new NAME`)");
         return;
     }
-    println!(
+    wln!(
+        out,
         "{:<22} {:<9} {:<5} DESCRIPTION",
-        "WORKFLOW", "TRIGGER", "LIVE"
+        "WORKFLOW",
+        "TRIGGER",
+        "LIVE"
     );
     for r in rows {
-        println!(
+        wln!(
+            out,
             "{:<22} {:<9} {:<5} {}",
             r["id"].as_str().unwrap_or(""),
             r["trigger"].as_str().unwrap_or(""),
@@ -138,20 +171,98 @@ pub fn workflows_table(rows: &[Value]) {
             },
             r["description"].as_str().unwrap_or("")
         );
-        println!("{:<22} {}", "", r["mode"].as_str().unwrap_or(""));
+        wln!(out, "{:<22} {}", "", r["mode"].as_str().unwrap_or(""));
+        if let Some(n) = r["next_fire"].as_object() {
+            wln!(
+                out,
+                "{:<22} next fire {} ({} UTC)",
+                "",
+                n.get("local").and_then(Value::as_str).unwrap_or(""),
+                n.get("utc").and_then(Value::as_str).unwrap_or("")
+            );
+        }
     }
 }
 
-pub fn in_doubt_table(keys: &[KeyRecord]) {
-    println!("{:<22} {:<30} {:<26} FOUND", "WORKFLOW", "KEY", "RUN");
+pub fn in_doubt_table(out: &mut String, keys: &[KeyRecord]) {
+    wln!(out, "{:<22} {:<30} {:<26} FOUND", "WORKFLOW", "KEY", "RUN");
     for k in keys {
         let found = match k.found_in {
             Some(crate::store::KeyPhase::Committing) => "during commit: it may have happened",
             _ => "before commit started",
         };
-        println!("{:<22} {:<30} {:<26} {found}", k.workflow, k.key, k.run_id);
+        wln!(
+            out,
+            "{:<22} {:<30} {:<26} {found}",
+            k.workflow,
+            k.key,
+            k.run_id
+        );
     }
-    println!(
+    wln!(
+        out,
         "settle each with `steward in-doubt resolve WORKFLOW KEY --committed|--not-committed`"
     );
+}
+
+/// `steward status`: the daemon's own view of itself.
+pub fn status(out: &mut String, s: &Value) {
+    wln!(
+        out,
+        "steward daemon pid {} · up {} · state {}",
+        s["pid"],
+        s["uptime"].as_str().unwrap_or("?"),
+        s["state_dir"].as_str().unwrap_or("?")
+    );
+    if s["forced_dry_run"].as_bool() == Some(true) {
+        wln!(
+            out,
+            "FORCED DRY-RUN: every workflow skips its commit (SIGUSR2 lifts it)"
+        );
+    }
+    wln!(
+        out,
+        "runs in flight: {}",
+        s["in_flight"].as_array().map_or(0, |a| a.len())
+    );
+    for r in s["in_flight"].as_array().into_iter().flatten() {
+        wln!(
+            out,
+            "  {} {} since {}",
+            r["workflow"].as_str().unwrap_or(""),
+            r["run_id"].as_str().unwrap_or(""),
+            r["started_at"].as_str().unwrap_or("")
+        );
+    }
+    wln!(
+        out,
+        "{:<22} {:<9} {:<5} NEXT FIRE",
+        "WORKFLOW",
+        "TRIGGER",
+        "LIVE"
+    );
+    for w in s["workflows"].as_array().into_iter().flatten() {
+        let next = match &w["next_fire"] {
+            Value::Object(n) => format!(
+                "{} ({} UTC)",
+                n.get("local").and_then(Value::as_str).unwrap_or(""),
+                n.get("utc").and_then(Value::as_str).unwrap_or("")
+            ),
+            _ => "-".to_string(),
+        };
+        wln!(
+            out,
+            "{:<22} {:<9} {:<5} {next}",
+            w["id"].as_str().unwrap_or(""),
+            w["trigger"].as_str().unwrap_or(""),
+            if w["live"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            }
+        );
+    }
+    if let Some(note) = s["process_containment"].as_str() {
+        wln!(out, "process containment: {note}");
+    }
 }

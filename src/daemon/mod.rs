@@ -1,0 +1,310 @@
+//! `steward daemon`: loads the config, starts one task per trigger, and keeps running
+//! until SIGTERM or SIGINT.
+//!
+//! Start-up order: load and validate the config (refuse to start on any error), open the
+//! store (refuse if another steward holds it), bind the control socket, compute the fires
+//! missed while down and drain the queue markers, then start the triggers. Signals are
+//! turned into events in one place: HUP reloads (validate first; on any error the running
+//! set stays), USR1/USR2 force and lift dry-run for every workflow, TERM/INT stop (a
+//! second one cuts the grace short). Runs are never cut short by a reload.
+
+mod dispatch;
+mod triggers;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Workflow};
+use crate::governed::{self, Engine, Fire};
+use crate::store::{RunRecord, StoreError};
+
+pub use dispatch::{Dispatcher, Mode};
+
+pub struct Options {
+    pub config_dir: PathBuf,
+    pub state_dir: PathBuf,
+    /// How long in-flight runs may finish after SIGTERM.
+    pub grace: Duration,
+    pub max_concurrent: usize,
+}
+
+/// What the daemon's tasks and the control socket share.
+pub struct Shared {
+    pub engine: Engine,
+    pub dispatcher: Dispatcher,
+    pub config_dir: PathBuf,
+    pub state_dir: PathBuf,
+    config: RwLock<Arc<Config>>,
+    started: Instant,
+    queue_wakes: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
+    webhook_addr: Mutex<Option<SocketAddr>>,
+}
+
+impl Shared {
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn forced_dry_run(&self) -> bool {
+        self.dispatcher.forced_dry_run()
+    }
+
+    /// The current definition of a workflow (it may have changed with a reload).
+    pub fn workflow(&self, id: &str) -> Option<Arc<Workflow>> {
+        self.config().workflows.get(id).cloned().map(Arc::new)
+    }
+
+    /// A manual run through the dispatcher (overlap, global cap, forced dry-run apply).
+    pub async fn run_now(&self, wf: &Workflow, fire: Fire, live: bool) -> Result<RunRecord> {
+        let rx = self
+            .dispatcher
+            .submit(Arc::new(wf.clone()), fire, Mode::Manual { live });
+        rx.await
+            .map_err(|_| anyhow!("the daemon stopped before the run ended"))?
+            .map_err(|e| anyhow!(e))
+    }
+
+    /// A triggered fire; resolves to the run's record, None if nothing ran (stopping,
+    /// workflow gone).
+    pub async fn fire(&self, workflow: &str, fire: Fire) -> Option<RunRecord> {
+        let Some(wf) = self.workflow(workflow) else {
+            tracing::warn!(
+                workflow,
+                "fire dropped: the workflow is no longer in the config"
+            );
+            return None;
+        };
+        match self.dispatcher.submit(wf, fire, Mode::Triggered).await {
+            Ok(Ok(rec)) => Some(rec),
+            Ok(Err(e)) => {
+                tracing::warn!(workflow, "fire not run: {e}");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    pub fn enqueue(&self, queue: &str, payload: &Value) -> Result<String> {
+        let id = crate::trigger::queue::write_item(&self.state_dir, queue, payload)?;
+        if let Some(wake) = self
+            .queue_wakes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(queue)
+        {
+            wake.notify_one();
+        }
+        Ok(id)
+    }
+
+    fn queue_wake(&self, queue: &str) -> Arc<tokio::sync::Notify> {
+        self.queue_wakes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(queue.to_string())
+            .or_default()
+            .clone()
+    }
+
+    pub fn status(&self) -> Result<Value> {
+        let config = self.config();
+        let forced = self.forced_dry_run();
+        let mut workflows = Vec::new();
+        for wf in config.workflows.values() {
+            let live = self.engine.live_status(wf)?;
+            let mut w = json!({
+                "id": wf.id,
+                "trigger": wf.trigger.kind(),
+                "live": live.is_live() && !forced,
+                "mode": live.describe(&wf.id),
+            });
+            if let Some(next) = crate::trigger::schedule::next_fire_json(wf) {
+                w["next_fire"] = next;
+            }
+            workflows.push(w);
+        }
+        let up = self.started.elapsed().as_secs();
+        Ok(json!({
+            "pid": std::process::id(),
+            "uptime": format!("{}h{:02}m{:02}s", up / 3600, up / 60 % 60, up % 60),
+            "uptime_s": up,
+            "config_dir": self.config_dir,
+            "state_dir": self.state_dir,
+            "forced_dry_run": forced,
+            "in_flight": self.dispatcher.in_flight(),
+            "workflows": workflows,
+            "webhook_listen": self.webhook_addr.lock().unwrap_or_else(|p| p.into_inner()).map(|a| a.to_string()),
+            "process_containment": "process groups (each step and its children are killed as a group); cgroups are not used",
+        }))
+    }
+}
+
+/// Runs the daemon on a multi-threaded runtime until a stop signal.
+pub fn run_blocking(opts: Options) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(run(opts, CancellationToken::new()))
+}
+
+/// The daemon; returns when stopped by a signal or by `shutdown`.
+pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
+    let config = crate::cli::load_config(&opts.config_dir)?;
+    std::fs::create_dir_all(&opts.state_dir)
+        .with_context(|| format!("cannot create state folder {}", opts.state_dir.display()))?;
+    let state_dir = std::fs::canonicalize(&opts.state_dir).unwrap_or(opts.state_dir.clone());
+    let (engine, recovery) = match governed::open(&state_dir) {
+        Ok(v) => v,
+        Err(governed::EngineError::Store(StoreError::Locked(dir))) => {
+            return Err(anyhow!("another steward (a daemon or a command) is already using state folder {}; only one daemon may run per state folder", dir.display()))
+        }
+        Err(e) => return Err(e).context("cannot open the state folder"),
+    };
+    for id in &recovery.interrupted_runs {
+        tracing::warn!(run = %id, "run was in flight when steward last stopped: recorded interrupted");
+    }
+    for k in &recovery.keys_in_doubt {
+        tracing::warn!(workflow = %k.workflow, key = %k.key, "idempotency key in doubt after a crash: see `steward in-doubt list`");
+    }
+    let listener = crate::control_socket::bind(&state_dir)?;
+    let shared = Arc::new(Shared {
+        dispatcher: Dispatcher::new(engine.clone(), opts.max_concurrent),
+        engine,
+        config_dir: opts.config_dir.clone(),
+        state_dir: state_dir.clone(),
+        config: RwLock::new(Arc::new(config)),
+        started: Instant::now(),
+        queue_wakes: Mutex::new(Default::default()),
+        webhook_addr: Mutex::new(None),
+    });
+
+    let stop_socket = CancellationToken::new();
+    let socket_task = tokio::spawn(crate::control_socket::serve(
+        listener,
+        shared.clone(),
+        stop_socket.clone(),
+    ));
+    let mut triggers = triggers::Triggers::start(shared.clone()).await?;
+    triggers.catch_up_and_drain().await;
+    triggers.reconcile().await;
+
+    let mut signals = signal_hook_tokio::Signals::new([SIGHUP, SIGUSR1, SIGUSR2, SIGTERM, SIGINT])
+        .context("cannot install signal handlers")?;
+    let signals_handle = signals.handle();
+    notify_systemd(&[sd_notify::NotifyState::Ready]);
+    let watchdog = watchdog_interval();
+    tracing::info!(
+        config = %opts.config_dir.display(),
+        state = %state_dir.display(),
+        workflows = shared.config().workflows.len(),
+        "steward daemon ready"
+    );
+
+    let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+    loop {
+        tokio::select! {
+            sig = signals.next() => match sig {
+                Some(SIGHUP) => {
+                    notify_systemd(&[sd_notify::NotifyState::Reloading]);
+                    reload(&shared, &mut triggers).await;
+                    notify_systemd(&[sd_notify::NotifyState::Ready]);
+                }
+                Some(SIGUSR1) => {
+                    shared.dispatcher.set_forced_dry_run(true);
+                    tracing::warn!("SIGUSR1: forced dry-run for every workflow (commits are skipped) until SIGUSR2");
+                }
+                Some(SIGUSR2) => {
+                    shared.dispatcher.set_forced_dry_run(false);
+                    tracing::warn!("SIGUSR2: forced dry-run lifted");
+                }
+                Some(sig) => {
+                    tracing::info!("{}: stopping", if sig == SIGTERM { "SIGTERM" } else { "SIGINT" });
+                    break;
+                }
+                None => break,
+            },
+            _ = shutdown.cancelled() => break,
+            _ = watchdog_tick.tick(), if watchdog.is_some() => notify_systemd(&[sd_notify::NotifyState::Watchdog]),
+        }
+    }
+
+    notify_systemd(&[sd_notify::NotifyState::Stopping]);
+    triggers.stop_all().await;
+    // A second TERM or INT during the grace period kills the runs at once.
+    let now = CancellationToken::new();
+    let second = {
+        let now = now.clone();
+        tokio::spawn(async move {
+            while let Some(sig) = signals.next().await {
+                if sig == SIGTERM || sig == SIGINT {
+                    now.cancel();
+                    break;
+                }
+            }
+        })
+    };
+    shared.dispatcher.shutdown(opts.grace, now).await;
+    second.abort();
+    signals_handle.close();
+    stop_socket.cancel();
+    let _ = socket_task.await;
+    triggers.shutdown_scheduler().await;
+    shared
+        .engine
+        .store
+        .flush()
+        .context("final flush of the store")?;
+    crate::control_socket::remove(&state_dir);
+    tracing::info!("steward daemon stopped");
+    Ok(())
+}
+
+/// SIGHUP: load and validate everything first; only a fully valid config replaces the
+/// running one. Trigger tasks whose definition did not change keep running.
+async fn reload(shared: &Arc<Shared>, triggers: &mut triggers::Triggers) {
+    match crate::config::load_dir(&shared.config_dir) {
+        Ok(config) => {
+            let n = config.workflows.len();
+            *shared.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+            triggers.reconcile().await;
+            tracing::info!(workflows = n, "SIGHUP: config reloaded");
+        }
+        Err(errors) => {
+            for e in &errors {
+                tracing::error!("SIGHUP: {e}");
+            }
+            tracing::error!(
+                "SIGHUP: {} error(s): keeping the running config",
+                errors.len()
+            );
+        }
+    }
+}
+
+fn notify_systemd(state: &[sd_notify::NotifyState]) {
+    // Outside systemd there is no NOTIFY_SOCKET and this does nothing.
+    let _ = sd_notify::notify(false, state);
+}
+
+/// Half the watchdog interval systemd asked for, if it asked.
+fn watchdog_interval() -> Option<Duration> {
+    let mut usec = 0u64;
+    if sd_notify::watchdog_enabled(false, &mut usec) && usec > 0 {
+        Some(Duration::from_micros(usec / 2))
+    } else {
+        None
+    }
+}

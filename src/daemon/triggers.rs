@@ -1,0 +1,406 @@
+//! The daemon's trigger tasks: one per triggered workflow, started, kept or stopped as the
+//! config changes, plus the catch-up of missed schedules and the drain of queue markers
+//! at start-up.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_cron_scheduler::JobScheduler;
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+use crate::config::{Trigger, Workflow};
+use crate::drain;
+use crate::governed::Fire;
+use crate::store::RunState;
+use crate::trigger::{file, queue, schedule, webhook};
+
+/// Missed fires recorded one by one at start-up; beyond this they are only counted.
+const MAX_MISSED_RECORDS: usize = 100;
+const DEFAULT_STAGGER: Duration = Duration::from_secs(1);
+
+struct Task {
+    cancel: CancellationToken,
+    handle: JoinHandle<()>,
+}
+
+pub struct Triggers {
+    shared: Arc<Shared>,
+    scheduler: JobScheduler,
+    tasks: HashMap<String, Task>,
+    routes: webhook::Routes,
+    webhook_server: Option<Task>,
+}
+
+/// Identifies a trigger task: the workflow and its trigger's definition. A reload that
+/// leaves both unchanged keeps the task (and whatever run it is waiting on).
+fn key(wf: &Workflow) -> String {
+    format!(
+        "{}|{}",
+        wf.id,
+        serde_json::to_string(&wf.trigger).unwrap_or_default()
+    )
+}
+
+impl Triggers {
+    pub async fn start(shared: Arc<Shared>) -> Result<Triggers> {
+        let scheduler = JobScheduler::new()
+            .await
+            .context("cannot create the cron scheduler")?;
+        scheduler
+            .start()
+            .await
+            .context("cannot start the cron scheduler")?;
+        Ok(Triggers {
+            shared,
+            scheduler,
+            tasks: HashMap::new(),
+            routes: Default::default(),
+            webhook_server: None,
+        })
+    }
+
+    /// Starts tasks for new or changed triggers and stops those no longer configured.
+    pub async fn reconcile(&mut self) {
+        let config = self.shared.config();
+        let wanted: HashMap<String, &Workflow> = config
+            .workflows
+            .values()
+            .filter(|w| w.trigger != Trigger::Manual)
+            .map(|w| (key(w), w))
+            .collect();
+        self.tasks.retain(|k, t| {
+            let keep = wanted.contains_key(k);
+            if !keep {
+                t.cancel.cancel();
+            }
+            keep
+        });
+        let mut routes = HashMap::new();
+        for (k, wf) in &wanted {
+            if let Trigger::Webhook(w) = &wf.trigger {
+                let secret = std::env::var(&w.secret_env)
+                    .ok()
+                    .filter(|s| !s.is_empty())
+                    .map(String::into_bytes);
+                if secret.is_none() {
+                    tracing::error!(workflow = %wf.id, "webhook secret env var {} is not set: its endpoint answers 503", w.secret_env);
+                }
+                routes.insert(
+                    w.path.clone(),
+                    webhook::Route {
+                        workflow: wf.id.clone(),
+                        secret,
+                        max_body: w.max_body_bytes.unwrap_or(webhook::DEFAULT_MAX_BODY),
+                    },
+                );
+                continue;
+            }
+            if !self.tasks.contains_key(k) {
+                if let Some(task) = self.spawn(wf) {
+                    self.tasks.insert(k.clone(), task);
+                }
+            }
+        }
+        let any_webhook = !routes.is_empty();
+        *self.routes.write().unwrap_or_else(|p| p.into_inner()) = routes;
+        if any_webhook && self.webhook_server.is_none() {
+            self.start_webhook_server(config.settings.webhook_listen.as_deref())
+                .await;
+        }
+    }
+
+    fn spawn(&self, wf: &Workflow) -> Option<Task> {
+        let cancel = CancellationToken::new();
+        let shared = self.shared.clone();
+        let id = wf.id.clone();
+        let handle = match &wf.trigger {
+            Trigger::Schedule(_) => {
+                let sched = schedule::of(wf)?;
+                let store = shared.engine.store.clone();
+                let last = match store.last_slot(&id) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::error!(workflow = %id, "cannot read the last fired slot: {e}; schedule not started");
+                        return None;
+                    }
+                };
+                let persist: Arc<dyn Fn(DateTime<Utc>) -> bool + Send + Sync> = {
+                    let id = id.clone();
+                    Arc::new(move |slot| {
+                        match store.set_last_slot(&id, slot).and_then(|_| store.flush()) {
+                            Ok(()) => true,
+                            Err(e) => {
+                                tracing::error!(workflow = %id, "cannot record the slot {slot} as fired: {e}; not firing it");
+                                false
+                            }
+                        }
+                    })
+                };
+                let on_fire: schedule::OnFire = {
+                    let shared = shared.clone();
+                    let id = id.clone();
+                    Arc::new(move |slot| {
+                        let shared = shared.clone();
+                        let id = id.clone();
+                        tokio::spawn(async move {
+                            shared
+                                .fire(&id, Fire::new("schedule", Some(slot), json!({})))
+                                .await;
+                        });
+                    })
+                };
+                tokio::spawn(schedule::run(
+                    self.scheduler.clone(),
+                    sched,
+                    last,
+                    persist,
+                    on_fire,
+                    cancel.clone(),
+                ))
+            }
+            Trigger::Queue { queue: name } => {
+                let wake = shared.queue_wake(name);
+                let submit = {
+                    let shared = shared.clone();
+                    move |fire: Fire| {
+                        let shared = shared.clone();
+                        let id = id.clone();
+                        async move { shared.fire(&id, fire).await }
+                    }
+                };
+                tokio::spawn(queue::run(
+                    shared.state_dir.clone(),
+                    name.clone(),
+                    wake,
+                    submit,
+                    cancel.clone(),
+                ))
+            }
+            Trigger::File(f) => {
+                let matcher = match globset::Glob::new(&f.pattern) {
+                    Ok(g) => g.compile_matcher(),
+                    Err(e) => {
+                        tracing::error!(workflow = %id, "bad pattern: {e}");
+                        return None;
+                    }
+                };
+                let watch = file::FileWatch {
+                    workflow: id.clone(),
+                    dir: self.shared.config().base().join(&f.path),
+                    matcher,
+                    debounce: f
+                        .debounce_ms
+                        .map(Duration::from_millis)
+                        .unwrap_or(file::DEFAULT_DEBOUNCE),
+                };
+                let submit = {
+                    let shared = shared.clone();
+                    move |fire: Fire| {
+                        let shared = shared.clone();
+                        let id = id.clone();
+                        async move { shared.fire(&id, fire).await }
+                    }
+                };
+                tokio::spawn(file::run(
+                    watch,
+                    shared.state_dir.clone(),
+                    submit,
+                    cancel.clone(),
+                ))
+            }
+            Trigger::Webhook(_) | Trigger::Manual => return None,
+        };
+        Some(Task { cancel, handle })
+    }
+
+    async fn start_webhook_server(&mut self, listen: Option<&str>) {
+        let addr = match webhook::listen_addr(listen) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!("{e}: webhooks disabled");
+                return;
+            }
+        };
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("cannot listen for webhooks on {addr}: {e}");
+                return;
+            }
+        };
+        let bound = listener.local_addr().unwrap_or(addr);
+        *self
+            .shared
+            .webhook_addr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(bound);
+        let _ = std::fs::write(
+            self.shared.state_dir.join("webhook.addr"),
+            format!("{bound}\n"),
+        );
+        tracing::info!("webhooks listening on http://{bound}");
+        let shared = self.shared.clone();
+        let submit: webhook::Submit = Arc::new(move |workflow: String, fire: Fire| {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                shared.fire(&workflow, fire).await;
+            });
+        });
+        let cancel = CancellationToken::new();
+        let handle = tokio::spawn(webhook::serve(
+            listener,
+            self.routes.clone(),
+            submit,
+            cancel.clone(),
+        ));
+        self.webhook_server = Some(Task { cancel, handle });
+    }
+
+    /// Stops every trigger (runs already started go on; the dispatcher decides their end).
+    pub async fn stop_all(&mut self) {
+        for (_, t) in self.tasks.drain() {
+            t.cancel.cancel();
+            // A task waiting on its run's end returns once the run is settled.
+            drop(t.handle);
+        }
+        if let Some(w) = self.webhook_server.take() {
+            w.cancel.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(2), w.handle).await;
+        }
+    }
+
+    pub async fn shutdown_scheduler(&mut self) {
+        if let Err(e) = self.scheduler.shutdown().await {
+            tracing::warn!("cron scheduler shutdown: {e}");
+        }
+    }
+
+    /// At start-up: record the fires missed while down, leave markers for them, and drain
+    /// the marker queue (staggered) before new fires are taken.
+    pub async fn catch_up_and_drain(&mut self) {
+        let config = self.shared.config();
+        let now = Utc::now();
+        let store = &self.shared.engine.store;
+        let marker_dir = drain::marker_dir(&config.vault());
+        let mut run_all: Vec<(String, DateTime<Utc>)> = Vec::new();
+        for wf in config.workflows.values() {
+            let Some(sched) = schedule::of(wf) else {
+                continue;
+            };
+            let last = match store.last_slot(&wf.id) {
+                Ok(Some(l)) => l,
+                Ok(None) => continue, // never fired: nothing can have been missed
+                Err(e) => {
+                    tracing::error!(workflow = %wf.id, "cannot read the last fired slot: {e}");
+                    continue;
+                }
+            };
+            let missed = sched.fires_between(last, now);
+            let Some(&newest) = missed.last() else {
+                continue;
+            };
+            let window = sched.window(now);
+            let fresh: Vec<DateTime<Utc>> = missed
+                .iter()
+                .copied()
+                .filter(|s| (now - *s).to_std().map_or(true, |age| age <= window))
+                .collect();
+            tracing::warn!(workflow = %wf.id, missed = missed.len(), within_window = fresh.len(), "fires missed while steward was down");
+            for slot in missed.iter().rev().take(MAX_MISSED_RECORDS) {
+                let fire = Fire::new("schedule", Some(*slot), json!({ "missed": true }));
+                let reason = format!("missed: steward was not running at {}", sched.local(*slot));
+                if let Err(e) = self
+                    .shared
+                    .engine
+                    .record_state(wf, fire, RunState::Missed, reason)
+                {
+                    tracing::error!(workflow = %wf.id, "cannot record a missed fire: {e}");
+                }
+            }
+            match sched.catchup {
+                schedule::Catchup::Latest => {
+                    if let Some(&slot) = fresh.last() {
+                        let date = slot.with_timezone(&sched.tz).date_naive();
+                        if let Err(e) = drain::write_marker(&marker_dir, &wf.id, date, slot) {
+                            tracing::error!(workflow = %wf.id, "cannot write the catch-up marker: {e}");
+                        }
+                    }
+                }
+                schedule::Catchup::All => run_all.extend(fresh.iter().map(|s| (wf.id.clone(), *s))),
+                schedule::Catchup::None => {}
+            }
+            if let Err(e) = store
+                .set_last_slot(&wf.id, newest)
+                .and_then(|_| store.flush())
+            {
+                tracing::error!(workflow = %wf.id, "cannot record the missed slots as handled: {e}");
+            }
+        }
+        self.drain(&marker_dir, run_all).await;
+    }
+
+    async fn drain(&self, marker_dir: &std::path::Path, run_all: Vec<(String, DateTime<Utc>)>) {
+        let config = self.shared.config();
+        let (markers, bad) = drain::scan(marker_dir);
+        for (path, why) in &bad {
+            tracing::error!(marker = %path.display(), "queue marker left in place: {why}");
+        }
+        let windows: HashMap<String, Duration> = config
+            .workflows
+            .values()
+            .filter_map(|wf| schedule::of(wf).map(|s| (wf.id.clone(), s.window(Utc::now()))))
+            .collect();
+        let plan = drain::plan(markers, |job| windows.get(job).copied(), Utc::now());
+        for path in &plan.expired {
+            tracing::info!(marker = %path.display(), "queue marker expired: deleted without running");
+            let _ = std::fs::remove_file(path);
+        }
+        for (path, why) in &plan.left {
+            tracing::warn!(marker = %path.display(), "queue marker left in place: {why}");
+        }
+        let stagger = config
+            .settings
+            .catchup_stagger_s
+            .map(|s| Duration::from_secs_f64(s.clamp(0.0, 3600.0)))
+            .unwrap_or(DEFAULT_STAGGER);
+        let mut fires: Vec<(String, DateTime<Utc>, Vec<std::path::PathBuf>)> = plan
+            .run
+            .into_iter()
+            .map(|(m, older)| {
+                let mut files = older;
+                files.push(m.path);
+                (m.job, m.scheduled_for, files)
+            })
+            .collect();
+        fires.extend(
+            run_all
+                .into_iter()
+                .map(|(job, slot)| (job, slot, Vec::new())),
+        );
+        for (i, (job, slot, files)) in fires.into_iter().enumerate() {
+            let shared = self.shared.clone();
+            let delay = stagger * i as u32;
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let fire = Fire::new("schedule", Some(slot), json!({ "catchup": true }));
+                match shared.fire(&job, fire).await {
+                    Some(rec) if rec.state != RunState::Interrupted => {
+                        for f in files {
+                            let _ = std::fs::remove_file(f);
+                        }
+                    }
+                    _ => tracing::warn!(
+                        job,
+                        "catch-up run did not finish: its markers stay for the next start"
+                    ),
+                }
+            });
+        }
+    }
+}

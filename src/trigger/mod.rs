@@ -1,0 +1,38 @@
+//! Trigger kinds. Each turns its source into fires for one workflow: [`schedule`] (cron,
+//! DST-correct), [`file`] (files dropped into a watched folder), [`queue`] (a spool
+//! folder fed by `steward enqueue`) and [`webhook`] (signed HTTP POSTs). Manual fires come
+//! from `steward run`.
+
+pub mod file;
+pub mod queue;
+pub mod schedule;
+pub mod webhook;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::Notify;
+
+/// Wakes `wake` whenever something changes in `dir` (not recursive). The watcher stops
+/// when the returned value is dropped. None (logged) if the folder cannot be watched; the
+/// caller then relies on its own periodic look.
+pub fn watch_folder(dir: &Path, wake: Arc<Notify>) -> Option<notify::RecommendedWatcher> {
+    let handler = move |res: notify::Result<notify::Event>| {
+        if res.is_ok() {
+            wake.notify_one();
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(folder = %dir.display(), "cannot watch folder: {e}");
+            return None;
+        }
+    };
+    if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+        tracing::error!(folder = %dir.display(), "cannot watch folder: {e}");
+        return None;
+    }
+    Some(watcher)
+}

@@ -1,0 +1,212 @@
+//! Queues: a spool folder per queue, `STATE/queues/<name>/`, one JSON file per item.
+//!
+//! Items are written atomically (a temp file renamed into place) with names that sort in
+//! arrival order, processed one at a time in that order, each as a governed run, and
+//! removed only once their run reached a terminal state. An item that cannot be read or
+//! parsed moves to `rejected/` with a `.reason` file beside it; nothing is deleted
+//! silently. A workflow on a queue gets `{{ trigger.item_id }}` as its idempotency key
+//! unless it sets one, so an item replayed after a crash never commits twice.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::config;
+use crate::governed::Fire;
+use crate::store::RunState;
+
+/// Largest item accepted; a bigger one is rejected, not loaded.
+pub const MAX_ITEM_BYTES: u64 = 1 << 20;
+/// How long a fire the overlap policy skipped waits before the item is offered again.
+const SKIPPED_RETRY: Duration = Duration::from_millis(200);
+
+pub fn spool_dir(state: &Path, queue: &str) -> PathBuf {
+    state.join("queues").join(queue)
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Writes one item atomically; returns its id. The name sorts in arrival order.
+pub fn write_item(state: &Path, queue: &str, payload: &Value) -> Result<String> {
+    if !config::valid_id(queue) {
+        bail!("`{queue}` is not a valid queue name: use 1-64 of a-z, 0-9, `-`, `_`");
+    }
+    let dir = spool_dir(state, queue);
+    let tmp_dir = dir.join(".tmp");
+    std::fs::create_dir_all(&tmp_dir)
+        .with_context(|| format!("cannot create {}", tmp_dir.display()))?;
+    let bytes = serde_json::to_vec(payload)?;
+    if bytes.len() as u64 > MAX_ITEM_BYTES {
+        bail!(
+            "item is {} bytes; a queue item holds at most {MAX_ITEM_BYTES}",
+            bytes.len()
+        );
+    }
+    let now = chrono::Utc::now();
+    let id = format!(
+        "{}-{:06}-{}",
+        now.format("%Y%m%dT%H%M%S%6f"),
+        SEQ.fetch_add(1, Ordering::Relaxed) % 1_000_000,
+        std::process::id()
+    );
+    let tmp = tmp_dir.join(format!("{id}.json"));
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(format!("{id}.json")))?;
+    // The rename is durable only once the folder itself is synced.
+    std::fs::File::open(&dir)?.sync_all()?;
+    Ok(id)
+}
+
+/// Items waiting in a queue, oldest first.
+pub fn pending(state: &Path, queue: &str) -> Vec<PathBuf> {
+    let dir = spool_dir(state, queue);
+    let mut items: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    items.sort();
+    items
+}
+
+/// Moves a bad item to `rejected/` with the reason beside it.
+fn reject(state: &Path, queue: &str, item: &Path, reason: &str) {
+    let dir = spool_dir(state, queue).join("rejected");
+    let name = item
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    let target = dir.join(&name);
+    let result = std::fs::create_dir_all(&dir)
+        .and_then(|_| std::fs::rename(item, &target))
+        .and_then(|_| {
+            std::fs::write(
+                dir.join(format!("{}.reason", name.to_string_lossy())),
+                format!("{reason}\n"),
+            )
+        });
+    match result {
+        Ok(()) => tracing::warn!(queue, item = %target.display(), "queue item rejected: {reason}"),
+        Err(e) => {
+            tracing::error!(queue, item = %item.display(), "queue item is bad ({reason}) and could not be moved aside: {e}")
+        }
+    }
+}
+
+/// Runs a queue: each item, in order, as one governed run, until `cancel`.
+/// `submit` starts a run and resolves to its record (None if the daemon is stopping).
+pub async fn run<F, Fut>(
+    state: PathBuf,
+    queue: String,
+    wake: Arc<Notify>,
+    submit: F,
+    cancel: CancellationToken,
+) where
+    F: Fn(Fire) -> Fut,
+    Fut: std::future::Future<Output = Option<crate::store::RunRecord>>,
+{
+    let _ = std::fs::create_dir_all(spool_dir(&state, &queue));
+    // Items arriving by other means than `steward enqueue` wake us through the folder watch.
+    let _watch = crate::trigger::watch_folder(&spool_dir(&state, &queue), wake.clone());
+    loop {
+        let items = pending(&state, &queue);
+        if items.is_empty() {
+            tokio::select! {
+                _ = wake.notified() => continue,
+                _ = cancel.cancelled() => return,
+            }
+        }
+        for item in items {
+            if cancel.is_cancelled() {
+                return;
+            }
+            let item_id = item
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if !item.exists() {
+                continue; // taken care of meanwhile
+            }
+            let payload = match read_item(&item) {
+                Ok(p) => p,
+                Err(reason) => {
+                    reject(&state, &queue, &item, &reason);
+                    continue;
+                }
+            };
+            loop {
+                let fire = Fire::new(
+                    "queue",
+                    None,
+                    json!({ "queue": queue, "item_id": item_id, "payload": payload }),
+                );
+                let Some(rec) = submit(fire).await else {
+                    return;
+                };
+                match rec.state {
+                    // Not done with it: the daemon is stopping, or overlap skipped the fire.
+                    RunState::Interrupted => return,
+                    RunState::Skipped => {
+                        tokio::select! {
+                            _ = tokio::time::sleep(SKIPPED_RETRY) => continue,
+                            _ = cancel.cancelled() => return,
+                        }
+                    }
+                    _ => {
+                        if let Err(e) = std::fs::remove_file(&item) {
+                            tracing::error!(queue, item = %item.display(), "item ran ({}) but could not be removed: {e}", rec.state);
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn read_item(item: &Path) -> Result<Value, String> {
+    let meta = std::fs::metadata(item).map_err(|e| format!("cannot read: {e}"))?;
+    if meta.len() > MAX_ITEM_BYTES {
+        return Err(format!(
+            "item is {} bytes; at most {MAX_ITEM_BYTES}",
+            meta.len()
+        ));
+    }
+    let bytes = std::fs::read(item).map_err(|e| format!("cannot read: {e}"))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_sort_in_arrival_order_and_bad_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids: Vec<String> = (0..50)
+            .map(|i| write_item(dir.path(), "q", &json!(i)).unwrap())
+            .collect();
+        let names: Vec<String> = pending(dir.path(), "q")
+            .iter()
+            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ids);
+        for bad in ["../x", "/abs", "a\0b", ""] {
+            assert!(write_item(dir.path(), bad, &json!(1)).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! Cron schedules, correct across daylight-saving changes.
+//!
+//! tokio-cron-scheduler freezes a time zone's UTC offset when a job is created (so after a
+//! DST change a 09:00 Berlin job would fire at 10:00). steward therefore computes every
+//! fire itself — croner over the schedule's own time zone (chrono-tz), which applies ISC
+//! cron's rule: a fixed-time job in a skipped hour runs once right after the jump, and in a
+//! repeated hour runs once — and hands the scheduler a one-shot job for that UTC instant.
+//!
+//! A schedule persists the last slot it fired and never fires a slot at or before it, so
+//! a clock stepped backwards fires nothing twice. The run context carries the exact slot
+//! as `scheduled_for`, however late the scheduler's 500 ms tick starts it.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use chrono_tz::Tz;
+use croner::parser::{CronParser, Seconds};
+use croner::Cron;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_cron_scheduler::{Job, JobScheduler};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ScheduleTrigger, Trigger, Workflow};
+
+/// A parsed schedule: the cron pattern and the zone it is read in.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    cron: Cron,
+    pub tz: Tz,
+    pub catchup: Catchup,
+    /// How far back missed fires are still worth running (default: one period).
+    pub catchup_window: Option<Duration>,
+}
+
+/// What to do with fires missed while the daemon was down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Catchup {
+    /// One run for the newest missed slot (like systemd's `Persistent=true`).
+    Latest,
+    /// A run for every missed slot in the window, staggered.
+    All,
+    /// Record them as missed; run nothing.
+    None,
+}
+
+/// Longest span searched when listing missed fires (a year of minutely fires is too many).
+const MAX_MISSED: usize = 10_000;
+
+impl Schedule {
+    pub fn parse(spec: &ScheduleTrigger) -> Result<Schedule, String> {
+        let parser = CronParser::builder().seconds(Seconds::Optional).build();
+        let cron = parser
+            .parse(spec.cron.trim())
+            .map_err(|e| format!("schedule.cron `{}` is not a cron expression: {e} (5 fields `m h dom mon dow`, 6 with seconds first, or @hourly/@daily/@weekly/@monthly/@yearly)", spec.cron))?;
+        let tz = match &spec.timezone {
+            None => Tz::UTC,
+            Some(name) => Tz::from_str(name).map_err(|_| {
+                format!(
+                    "schedule.timezone `{name}` is not an IANA time zone (e.g. Europe/Berlin, UTC)"
+                )
+            })?,
+        };
+        let catchup = match spec.catchup.as_deref() {
+            None | Some("latest") => Catchup::Latest,
+            Some("all") => Catchup::All,
+            Some("none") => Catchup::None,
+            Some(other) => {
+                return Err(format!(
+                    "schedule.catchup `{other}` must be latest, all or none"
+                ))
+            }
+        };
+        let s = Schedule {
+            cron,
+            tz,
+            catchup,
+            catchup_window: spec.catchup_window_s.map(Duration::from_secs),
+        };
+        if s.next_after(Utc::now()).is_none() {
+            return Err(format!("schedule.cron `{}` never fires", spec.cron));
+        }
+        Ok(s)
+    }
+
+    /// The first slot strictly after `after`.
+    pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        // croner searches by wall-clock time; asked from inside a repeated (fall-back)
+        // hour it can answer with the first pass of that hour, which is already past.
+        // Step the start forward until the answer really lies ahead (bounded: the
+        // repeated hour is at most two hours long).
+        let mut from = after;
+        for _ in 0..7200 {
+            let found = self.cron.find_next_occurrence(&from.with_timezone(&self.tz), false).ok()?.with_timezone(&Utc);
+            if found > after {
+                return Some(found);
+            }
+            from += chrono::Duration::seconds(1);
+        }
+        None
+    }
+
+    /// Slots in `(after, until]`, oldest first, at most [`MAX_MISSED`].
+    pub fn fires_between(&self, after: DateTime<Utc>, until: DateTime<Utc>) -> Vec<DateTime<Utc>> {
+        let mut out = Vec::new();
+        let mut t = after;
+        while let Some(next) = self.next_after(t) {
+            if next > until || out.len() >= MAX_MISSED {
+                break;
+            }
+            out.push(next);
+            t = next;
+        }
+        out
+    }
+
+    /// The catch-up window: configured, or the gap between the two slots after `at`.
+    pub fn window(&self, at: DateTime<Utc>) -> Duration {
+        self.catchup_window.unwrap_or_else(|| {
+            let a = self.next_after(at);
+            let b = a.and_then(|a| self.next_after(a));
+            match (a, b) {
+                (Some(a), Some(b)) => (b - a).to_std().unwrap_or(Duration::from_secs(60)),
+                _ => Duration::from_secs(24 * 3600),
+            }
+        })
+    }
+
+    pub fn local(&self, t: DateTime<Utc>) -> String {
+        self.tz
+            .from_utc_datetime(&t.naive_utc())
+            .format("%Y-%m-%d %H:%M:%S %Z")
+            .to_string()
+    }
+}
+
+/// The schedule of a workflow, if it has one (its config was validated at load).
+pub fn of(wf: &Workflow) -> Option<Schedule> {
+    match &wf.trigger {
+        Trigger::Schedule(s) => Schedule::parse(s).ok(),
+        _ => None,
+    }
+}
+
+/// `{"local": …, "utc": …, "timezone": …}` for the next fire, for `list` and `status`.
+pub fn next_fire_json(wf: &Workflow) -> Option<Value> {
+    let s = of(wf)?;
+    let next = s.next_after(Utc::now())?;
+    Some(json!({
+        "local": s.local(next),
+        "utc": next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "timezone": s.tz.name(),
+    }))
+}
+
+/// Called with each slot as it comes due.
+pub type OnFire = Arc<dyn Fn(DateTime<Utc>) + Send + Sync>;
+
+/// Fires `on_fire` at every slot after `last` until `cancel`. `persist` records a slot as
+/// fired before it is handed on (so a crash right after cannot fire it again).
+pub async fn run(
+    scheduler: JobScheduler,
+    schedule: Schedule,
+    mut last: Option<DateTime<Utc>>,
+    persist: Arc<dyn Fn(DateTime<Utc>) -> bool + Send + Sync>,
+    on_fire: OnFire,
+    cancel: CancellationToken,
+) {
+    let (tx, mut rx) = mpsc::channel::<()>(4);
+    loop {
+        let now = Utc::now();
+        let from = match last {
+            Some(l) if l > now => l, // the clock went backwards: wait for time to pass the last slot
+            _ => now,
+        };
+        let Some(slot) = schedule.next_after(from) else {
+            tracing::warn!("schedule has no further fires; its trigger stops");
+            return;
+        };
+        let wait = (slot - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        let tx = tx.clone();
+        let job = Job::new_one_shot_async(wait, move |_, _| {
+            let tx = tx.clone();
+            Box::pin(async move {
+                let _ = tx.send(()).await;
+            })
+        });
+        let id = match job {
+            Ok(job) => match scheduler.add(job).await {
+                Ok(id) => Some(id),
+                Err(e) => {
+                    tracing::error!(
+                        "cannot register the next fire with the scheduler: {e}; using a timer"
+                    );
+                    None
+                }
+            },
+            Err(e) => {
+                tracing::error!("cannot build the next fire: {e}; using a timer");
+                None
+            }
+        };
+        let fallback = async {
+            match id {
+                Some(_) => std::future::pending::<()>().await,
+                None => tokio::time::sleep(wait).await,
+            }
+        };
+        tokio::select! {
+            _ = rx.recv() => {}
+            _ = fallback => {}
+            _ = cancel.cancelled() => {
+                if let Some(id) = id {
+                    let _ = scheduler.remove(&id).await;
+                }
+                return;
+            }
+        }
+        if last.is_some_and(|l| slot <= l) {
+            continue; // never a slot at or before the last one fired
+        }
+        if !persist(slot) {
+            continue; // could not record it: firing now could fire it twice after a crash
+        }
+        last = Some(slot);
+        on_fire(slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sched(cron: &str, tz: &str) -> Schedule {
+        Schedule::parse(&ScheduleTrigger {
+            cron: cron.into(),
+            timezone: Some(tz.into()),
+            catchup: None,
+            catchup_window_s: None,
+        })
+        .unwrap()
+    }
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn locals(s: &Schedule, from: &str, n: usize) -> Vec<String> {
+        let mut t = utc(from);
+        (0..n)
+            .map(|_| {
+                t = s.next_after(t).unwrap();
+                format!("{} = {}", s.local(t), t.format("%H:%MZ"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nine_oclock_berlin_stays_at_nine_across_spring_forward() {
+        let s = sched("0 9 * * *", "Europe/Berlin");
+        assert_eq!(
+            locals(&s, "2027-03-26T12:00:00Z", 4),
+            [
+                "2027-03-27 09:00:00 CET = 08:00Z",
+                "2027-03-28 09:00:00 CEST = 07:00Z",
+                "2027-03-29 09:00:00 CEST = 07:00Z",
+                "2027-03-30 09:00:00 CEST = 07:00Z",
+            ]
+        );
+    }
+
+    #[test]
+    fn nine_oclock_berlin_stays_at_nine_across_fall_back() {
+        let s = sched("0 9 * * *", "Europe/Berlin");
+        assert_eq!(
+            locals(&s, "2027-10-29T12:00:00Z", 3),
+            [
+                "2027-10-30 09:00:00 CEST = 07:00Z",
+                "2027-10-31 09:00:00 CET = 08:00Z",
+                "2027-11-01 09:00:00 CET = 08:00Z",
+            ]
+        );
+    }
+
+    #[test]
+    fn skipped_hour_fires_once_right_after_the_jump() {
+        // 2027-03-28 02:00 CET jumps to 03:00 CEST: 02:30 does not exist that night.
+        let s = sched("30 2 * * *", "Europe/Berlin");
+        assert_eq!(
+            locals(&s, "2027-03-27T12:00:00Z", 2),
+            [
+                "2027-03-28 03:00:00 CEST = 01:00Z",
+                "2027-03-29 02:30:00 CEST = 00:30Z"
+            ]
+        );
+    }
+
+    #[test]
+    fn repeated_hour_fires_once() {
+        // 2027-10-31 03:00 CEST falls back to 02:00 CET: 02:30 happens twice that night.
+        let s = sched("30 2 * * *", "Europe/Berlin");
+        let fires = s.fires_between(utc("2027-10-30T12:00:00Z"), utc("2027-11-01T12:00:00Z"));
+        let shown: Vec<String> = fires.iter().map(|t| s.local(*t)).collect();
+        assert_eq!(
+            shown,
+            ["2027-10-31 02:30:00 CEST", "2027-11-01 02:30:00 CET"]
+        );
+        // Asking again from inside the repeated hour does not find the second 02:30.
+        assert_eq!(
+            s.next_after(utc("2027-10-31T01:10:00Z")),
+            Some(utc("2027-11-01T01:30:00Z"))
+        );
+    }
+
+    #[test]
+    fn five_field_six_field_and_macros_parse() {
+        let t = utc("2026-01-01T00:00:30Z");
+        assert_eq!(
+            sched("*/5 * * * *", "UTC").next_after(t),
+            Some(utc("2026-01-01T00:05:00Z"))
+        );
+        assert_eq!(
+            sched("*/10 * * * * *", "UTC").next_after(t),
+            Some(utc("2026-01-01T00:00:40Z"))
+        );
+        assert_eq!(
+            sched("@hourly", "UTC").next_after(t),
+            Some(utc("2026-01-01T01:00:00Z"))
+        );
+        assert_eq!(
+            sched("@daily", "UTC").next_after(t),
+            Some(utc("2026-01-02T00:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn bad_expressions_and_zones_are_refused() {
+        let bad = |cron: &str, tz: &str| {
+            Schedule::parse(&ScheduleTrigger {
+                cron: cron.into(),
+                timezone: Some(tz.into()),
+                catchup: None,
+                catchup_window_s: None,
+            })
+            .is_err()
+        };
+        assert!(bad("61 * * * *", "UTC"));
+        assert!(bad("* * *", "UTC"));
+        assert!(bad("0 9 * * *", "Mars/Olympus"));
+    }
+
+    #[test]
+    fn default_window_is_one_period() {
+        let s = sched("0 9 * * *", "UTC");
+        assert_eq!(
+            s.window(utc("2026-01-01T00:00:00Z")),
+            Duration::from_secs(86_400)
+        );
+    }
+}
