@@ -6,6 +6,9 @@
 //! cron's rule: a fixed-time job in a skipped hour runs once right after the jump, and in a
 //! repeated hour runs once — and hands the scheduler a one-shot job for that UTC instant.
 //!
+//! The scheduler stores one-shot times in whole seconds and can wake a job up to a second
+//! early; the worker then waits out the rest, so no run ever starts before its slot.
+//!
 //! A schedule persists the last slot it fired and never fires a slot at or before it, so
 //! a clock stepped backwards fires nothing twice. The run context carries the exact slot
 //! as `scheduled_for`, however late the scheduler's 500 ms tick starts it.
@@ -93,7 +96,11 @@ impl Schedule {
         // repeated hour is at most two hours long).
         let mut from = after;
         for _ in 0..7200 {
-            let found = self.cron.find_next_occurrence(&from.with_timezone(&self.tz), false).ok()?.with_timezone(&Utc);
+            let found = self
+                .cron
+                .find_next_occurrence(&from.with_timezone(&self.tz), false)
+                .ok()?
+                .with_timezone(&Utc);
             if found > after {
                 return Some(found);
             }
@@ -216,6 +223,14 @@ pub async fn run(
                     let _ = scheduler.remove(&id).await;
                 }
                 return;
+            }
+        }
+        // The scheduler keeps one-shot times in whole seconds and may wake us up to a
+        // second early: never start a run before its slot.
+        if let Ok(early) = (slot - Utc::now()).to_std() {
+            tokio::select! {
+                _ = tokio::time::sleep(early) => {}
+                _ = cancel.cancelled() => return,
             }
         }
         if last.is_some_and(|l| slot <= l) {

@@ -70,6 +70,10 @@ pub struct Spec {
     pub tables: String,
     /// Extra `[env]` lines.
     pub env: String,
+    /// The `[trigger]` body.
+    pub trigger: String,
+    /// Extra top-level lines (e.g. `overlap = "skip"`).
+    pub top: String,
 }
 
 pub const PASS: &str = "cat >/dev/null\necho pass\n";
@@ -90,7 +94,17 @@ impl Spec {
             budget: BUDGET.to_string(),
             tables: String::new(),
             env: String::new(),
+            trigger: "manual = true".to_string(),
+            top: String::new(),
         }
+    }
+    pub fn trigger(mut self, trigger: &str) -> Self {
+        self.trigger = trigger.to_string();
+        self
+    }
+    pub fn top(mut self, top: &str) -> Self {
+        self.top = top.to_string();
+        self
     }
     pub fn verify(mut self, body: &str) -> Self {
         self.verify = body.to_string();
@@ -166,7 +180,8 @@ impl Env {
         if let Some(k) = &s.key {
             toml.push_str(&format!("idempotency_key = {}\n", toml_str(k)));
         }
-        toml.push_str("[trigger]\nmanual = true\n");
+        toml.push_str(&s.top);
+        toml.push_str(&format!("\n[trigger]\n{}\n", s.trigger));
         toml.push_str(&format!("[budget]\n{}\n", s.budget));
         toml.push_str(&format!(
             "[run]\ncommand = [\"{run}\"]\n[verify]\ncommand = [\"{verify}\"]\n"
@@ -301,4 +316,105 @@ pub fn read_pid(path: &Path) -> i32 {
         .trim()
         .parse()
         .unwrap_or_else(|_| panic!("no pid in {}", path.display()))
+}
+
+/// A real `steward daemon` child process; killed (SIGKILL) on drop if still running.
+pub struct Daemon {
+    pub child: Option<std::process::Child>,
+    pub log: PathBuf,
+}
+
+impl Env {
+    /// Starts the daemon and waits until it answers `status`.
+    pub fn daemon(&self, extra: &[&str]) -> Daemon {
+        self.daemon_env(extra, &[])
+    }
+
+    pub fn daemon_env(&self, extra: &[&str], vars: &[(&str, &str)]) -> Daemon {
+        let log = self.path(&format!(
+            "daemon-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let file = std::fs::File::create(&log).unwrap();
+        let mut args = vec!["daemon"];
+        args.extend_from_slice(extra);
+        let mut cmd = self.command(&args);
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .env("STEWARD_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn daemon");
+        let mut d = Daemon {
+            child: Some(child),
+            log,
+        };
+        let sock = self.state.join("steward.sock");
+        wait_for(
+            "the daemon to answer status",
+            Duration::from_secs(15),
+            || {
+                if let Some(status) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                    panic!("daemon exited early ({status}):\n{}", d.log_text());
+                }
+                sock.exists() && self.steward(&["status"]).code == 0
+            },
+        );
+        d
+    }
+}
+
+impl Daemon {
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(-1)
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).expect("signal daemon");
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then wait for exit (panics after `limit`); returns the exit status.
+    pub fn stop(&mut self, limit: Duration) -> std::process::ExitStatus {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let mut child = self.child.take().expect("daemon running");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("daemon did not stop within {limit:?}:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs with this trigger, in the order they started.
+pub fn runs_of(env: &Env, workflow: &str) -> Vec<Value> {
+    let out = env.steward(&["runs", "--workflow", workflow, "-n", "100000", "--json"]);
+    assert_eq!(out.code, 0, "{out}");
+    let mut runs: Vec<Value> = out.json().as_array().cloned().unwrap_or_default();
+    runs.reverse();
+    runs
 }

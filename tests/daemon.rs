@@ -1,0 +1,596 @@
+//! The daemon, end to end: a real `steward daemon` child process per test, fed by real
+//! cron slots, files, queue items, HTTP requests and signals.
+
+mod util;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use util::{process_gone, read_pid, runs_of, wait_for, Env, Spec};
+
+const QUICK: &str = "cat >/dev/null\necho '{\"ok\": true}'\n";
+
+#[test]
+fn six_field_cron_every_second_fires_with_its_exact_slot() {
+    let env = Env::new();
+    env.workflow(
+        &Spec::new("tick", QUICK)
+            .trigger("schedule = { cron = \"* * * * * *\" }")
+            .dry(),
+    );
+    let _d = env.daemon(&[]);
+    // The window under test: at least 3 runs in 4 seconds.
+    std::thread::sleep(Duration::from_secs(4));
+    let runs = runs_of(&env, "tick");
+    let done: Vec<&Value> = runs.iter().filter(|r| r["state"] == "success").collect();
+    assert!(
+        done.len() >= 3,
+        "only {} runs in 4 s: {runs:#?}",
+        done.len()
+    );
+    let mut slots = std::collections::HashSet::new();
+    for r in &done {
+        let slot = r["trigger"]["scheduled_for"]
+            .as_str()
+            .expect("scheduled_for");
+        let slot_t = chrono::DateTime::parse_from_rfc3339(slot).unwrap();
+        let fired =
+            chrono::DateTime::parse_from_rfc3339(r["trigger"]["fired_at"].as_str().unwrap())
+                .unwrap();
+        assert!(fired >= slot_t, "fired before its slot: {r}");
+        assert!(
+            (fired - slot_t).num_milliseconds() < 1500,
+            "fired far after its slot: {r}"
+        );
+        assert!(slots.insert(slot.to_string()), "slot fired twice: {slot}");
+    }
+    // The runlog's trigger record carries the slot and the start time.
+    let log = env.runlog();
+    let rid = done[0]["run_id"].as_str().unwrap();
+    let trig = log
+        .iter()
+        .find(|e| e["run_id"] == rid && e["step"] == "trigger")
+        .expect("trigger record");
+    assert!(
+        trig["data"]["scheduled_for"].is_string() && trig["ts"].is_string(),
+        "{trig}"
+    );
+}
+
+#[test]
+fn a_file_written_slowly_fires_once_after_it_is_complete_with_its_sha256() {
+    let env = Env::new();
+    env.workflow(
+        &Spec::new(
+            "ingest",
+            "cat > \"$MARKS/ctx-$STEWARD_RUN_ID.json\"\necho '{\"ok\":1}'\n",
+        )
+        .trigger("file = { path = \"inbox\", pattern = \"*.csv\", debounce_ms = 400 }")
+        .dry(),
+    );
+    let _d = env.daemon(&[]);
+    let inbox = env.path("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let mut content = Vec::new();
+    {
+        let mut f = std::fs::File::create(inbox.join("data.csv")).unwrap();
+        for i in 0..6 {
+            let chunk = format!("row {i},{}\n", "x".repeat(1000));
+            f.write_all(chunk.as_bytes()).unwrap();
+            f.flush().unwrap();
+            content.extend_from_slice(chunk.as_bytes());
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    }
+    let written_at = Instant::now();
+    wait_for("one run", Duration::from_secs(10), || {
+        runs_of(&env, "ingest")
+            .iter()
+            .any(|r| r["state"] == "success")
+    });
+    let runs = runs_of(&env, "ingest");
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    let t = &runs[0]["trigger"];
+    assert_eq!(t["sha256"], hex::encode(Sha256::digest(&content)));
+    assert_eq!(t["size"], content.len());
+    assert!(
+        !inbox.join("data.csv").exists(),
+        "claimed out of the watched folder"
+    );
+    // Nothing more arrives later.
+    std::thread::sleep(Duration::from_millis(800).saturating_sub(written_at.elapsed()));
+    assert_eq!(runs_of(&env, "ingest").len(), 1);
+    wait_for("the file filed under done/", Duration::from_secs(5), || {
+        env.state.join("claimed/ingest/done/data.csv").exists()
+    });
+}
+
+#[test]
+fn fifty_files_dropped_at_once_fire_fifty_runs_none_twice() {
+    let env = Env::new();
+    env.workflow(
+        &Spec::new("drop", QUICK)
+            .trigger("file = { path = \"drop\", pattern = \"*.txt\", debounce_ms = 200 }")
+            .dry(),
+    );
+    let dir = env.path("drop");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A few already there at start-up are picked up too.
+    for i in 0..5 {
+        std::fs::write(dir.join(format!("f{i:02}.txt")), format!("file {i}")).unwrap();
+    }
+    let _d = env.daemon(&[]);
+    for i in 5..50 {
+        let tmp = env.path(&format!("tmp{i}"));
+        std::fs::write(&tmp, format!("file {i}")).unwrap();
+        std::fs::rename(&tmp, dir.join(format!("f{i:02}.txt"))).unwrap();
+    }
+    wait_for("50 runs", Duration::from_secs(60), || {
+        runs_of(&env, "drop").len() >= 50
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let runs = runs_of(&env, "drop");
+    assert_eq!(runs.len(), 50);
+    let shas: std::collections::HashSet<String> = runs
+        .iter()
+        .map(|r| r["trigger"]["sha256"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(shas.len(), 50, "a file fired twice");
+}
+
+#[test]
+fn a_hundred_queue_items_run_in_order_exactly_once_across_a_restart() {
+    let env = Env::new();
+    let commit = "n=$(sed -n 's/.*\"payload\":\\([0-9]*\\).*/\\1/p')\necho \"$n\" >> \"$LEDGER\"\n";
+    env.live_workflow(
+        &Spec::new("worker", "cat >/dev/null\nsleep 0.02\necho '{\"ok\":1}'\n")
+            .trigger("queue = \"jobs\"")
+            .commit(commit),
+    );
+    for n in 1..=50 {
+        assert_eq!(
+            env.steward(&["enqueue", "jobs", "--payload", &n.to_string()])
+                .code,
+            0
+        );
+    }
+    let mut d = env.daemon(&["--grace", "10"]);
+    for n in 51..=100 {
+        let out = env.steward(&["enqueue", "jobs", "--payload", &n.to_string()]);
+        assert_eq!(out.code, 0, "{out}");
+    }
+    wait_for("a third of the items", Duration::from_secs(30), || {
+        env.ledger_lines().len() >= 30
+    });
+    let status = d.stop(Duration::from_secs(15));
+    assert!(status.success(), "{}", d.log_text());
+    let mid = env.ledger_lines().len();
+    assert!(mid < 100, "the restart must happen mid-queue");
+    let _d2 = env.daemon(&[]);
+    wait_for("all 100 items", Duration::from_secs(60), || {
+        env.ledger_lines().len() >= 100
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let got: Vec<u32> = env
+        .ledger_lines()
+        .iter()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        (1..=100).collect::<Vec<u32>>(),
+        "out of order, lost or twice"
+    );
+    assert!(std::fs::read_dir(env.state.join("queues/jobs"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .all(|e| !e.path().extension().is_some_and(|x| x == "json")));
+}
+
+#[test]
+fn a_queue_item_that_is_not_json_is_rejected_with_a_reason() {
+    let env = Env::new();
+    env.workflow(&Spec::new("worker", QUICK).trigger("queue = \"jobs\"").dry());
+    let spool = env.state.join("queues/jobs");
+    std::fs::create_dir_all(&spool).unwrap();
+    std::fs::write(spool.join("00000-bad.json"), "{not json").unwrap();
+    let _d = env.daemon(&[]);
+    assert_eq!(
+        env.steward(&["enqueue", "jobs", "--payload", "{\"n\":1}"])
+            .code,
+        0
+    );
+    wait_for("the good item to run", Duration::from_secs(10), || {
+        runs_of(&env, "worker").len() == 1
+    });
+    let reason = std::fs::read_to_string(spool.join("rejected/00000-bad.json.reason")).unwrap();
+    assert!(reason.contains("not JSON"), "{reason}");
+}
+
+fn http_post(addr: &str, path: &str, headers: &[(&str, String)], body: &[u8]) -> u16 {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    resp.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn webhook_with_a_good_signature_runs_a_bad_one_gets_401_and_runs_nothing() {
+    let env = Env::new();
+    std::fs::write(
+        env.config.join("steward.toml"),
+        "webhook_listen = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    env.workflow(
+        &Spec::new("hook", "cat > \"$MARKS/hook-$STEWARD_RUN_ID.json\"\necho '{\"ok\":1}'\n")
+            .trigger("webhook = { path = \"/hooks/t\", secret_env = \"TEST_HOOK_SECRET\", max_body_bytes = 1024 }")
+            .dry(),
+    );
+    let _d = env.daemon_env(&[], &[("TEST_HOOK_SECRET", "hook-secret-123")]);
+    let addr = std::fs::read_to_string(env.state.join("webhook.addr"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let body = br#"{"event":"paid"}"#;
+    let now = chrono::Utc::now().timestamp();
+    let good = |body: &[u8]| {
+        vec![
+            ("X-Steward-Timestamp", now.to_string()),
+            (
+                "X-Steward-Signature",
+                steward::trigger::webhook::sign(b"hook-secret-123", now, body),
+            ),
+        ]
+    };
+
+    assert_eq!(http_post(&addr, "/hooks/t", &good(body), body), 202);
+    wait_for("the run", Duration::from_secs(10), || {
+        runs_of(&env, "hook").len() == 1
+    });
+    let bad = vec![
+        ("X-Steward-Timestamp", now.to_string()),
+        (
+            "X-Steward-Signature",
+            steward::trigger::webhook::sign(b"wrong", now, body),
+        ),
+    ];
+    assert_eq!(http_post(&addr, "/hooks/t", &bad, body), 401);
+    assert_eq!(
+        http_post(&addr, "/hooks/t", &[], body),
+        401,
+        "missing signature"
+    );
+    let stale = now - 3600;
+    let replay = vec![
+        ("X-Steward-Timestamp", stale.to_string()),
+        (
+            "X-Steward-Signature",
+            steward::trigger::webhook::sign(b"hook-secret-123", stale, body),
+        ),
+    ];
+    assert_eq!(
+        http_post(&addr, "/hooks/t", &replay, body),
+        401,
+        "stale timestamp"
+    );
+    let big = vec![b'x'; 4096];
+    assert_eq!(http_post(&addr, "/hooks/t", &good(&big), &big), 413);
+    // One more good request: exactly two runs in all, so the refused ones ran nothing.
+    assert_eq!(http_post(&addr, "/hooks/t", &good(body), body), 202);
+    wait_for("the second run", Duration::from_secs(10), || {
+        runs_of(&env, "hook").len() >= 2
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let runs = runs_of(&env, "hook");
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    assert_eq!(runs[0]["trigger"]["body"]["event"], "paid");
+}
+
+#[test]
+fn sighup_keeps_the_running_set_on_a_broken_file_and_loads_a_fixed_one() {
+    let env = Env::new();
+    env.workflow(&Spec::new("a", QUICK).dry());
+    let d = env.daemon(&[]);
+    let b = env.workflow(&Spec::new("b", QUICK).dry());
+    let good = std::fs::read_to_string(&b).unwrap();
+    std::fs::write(&b, good.replace("max_tokens", "max_tokns")).unwrap();
+    let line = good.lines().position(|l| l.contains("max_tokens")).unwrap() + 1;
+    d.signal(Signal::SIGHUP);
+    let want = format!("b.toml:{line}:");
+    wait_for(
+        "the reload error in the log",
+        Duration::from_secs(10),
+        || d.log_text().contains(&want),
+    );
+    assert!(
+        d.log_text().contains("keeping the running config"),
+        "{}",
+        d.log_text()
+    );
+    let ids = |env: &Env| -> Vec<String> {
+        env.steward(&["list", "--json"])
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&env), ["a"]);
+    std::fs::write(&b, good).unwrap();
+    d.signal(Signal::SIGHUP);
+    wait_for("b to load", Duration::from_secs(10), || {
+        ids(&env) == ["a", "b"]
+    });
+}
+
+#[test]
+fn sigusr1_makes_a_live_workflow_skip_its_commit_and_sigusr2_lifts_it() {
+    let env = Env::new();
+    env.live_workflow(&Spec::new("w", QUICK).trigger("queue = \"q\""));
+    let d = env.daemon(&[]);
+    env.steward(&["enqueue", "q", "--payload", "1"]);
+    wait_for("a live commit", Duration::from_secs(10), || {
+        env.ledger_lines().len() == 1
+    });
+    d.signal(Signal::SIGUSR1);
+    wait_for("forced dry-run in status", Duration::from_secs(5), || {
+        env.steward(&["status", "--json"]).json()["forced_dry_run"] == true
+    });
+    env.steward(&["enqueue", "q", "--payload", "2"]);
+    wait_for("the second run", Duration::from_secs(10), || {
+        runs_of(&env, "w").len() == 2
+    });
+    let runs = runs_of(&env, "w");
+    assert_eq!(runs[1]["dry_run"], true, "{runs:#?}");
+    assert_eq!(
+        env.ledger_lines().len(),
+        1,
+        "committed under forced dry-run"
+    );
+    assert!(d.log_text().contains("SIGUSR1"));
+    d.signal(Signal::SIGUSR2);
+    wait_for("forced dry-run lifted", Duration::from_secs(5), || {
+        env.steward(&["status", "--json"]).json()["forced_dry_run"] == false
+    });
+    env.steward(&["enqueue", "q", "--payload", "3"]);
+    wait_for("live again", Duration::from_secs(10), || {
+        env.ledger_lines().len() == 2
+    });
+}
+
+#[test]
+fn sigterm_with_a_run_in_flight_exits_within_the_grace_and_leaves_no_child() {
+    let env = Env::new();
+    let run = "cat >/dev/null\necho $$ > \"$MARKS/maker.pid\"\nsleep 300 &\necho $! > \"$MARKS/grandchild.pid\"\nwait\n";
+    env.workflow(
+        &Spec::new("slow", run)
+            .dry()
+            .budget("max_tokens = 1\nmax_tool_calls = 1\nmax_runtime_s = 600\nmax_cost_usd = 1\n"),
+    );
+    let mut d = env.daemon(&["--grace", "1"]);
+    let client = env
+        .command(&["run", "slow", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the maker to start", Duration::from_secs(10), || {
+        env.path("grandchild.pid").exists()
+    });
+    let started = Instant::now();
+    let status = d.stop(Duration::from_secs(10));
+    let took = started.elapsed();
+    assert!(status.success(), "{}", d.log_text());
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?} with a 1 s grace"
+    );
+    for f in ["maker.pid", "grandchild.pid"] {
+        let pid = read_pid(&env.path(f));
+        wait_for(f, Duration::from_secs(2), || process_gone(pid));
+    }
+    let out = client.wait_with_output().unwrap();
+    let rec: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        rec["state"],
+        "interrupted",
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn missed_fires_catch_up_once_the_older_marker_goes_and_an_expired_one_is_deleted_unrun() {
+    let env = Env::new();
+    env.workflow(
+        &Spec::new("every2", QUICK)
+            .trigger("schedule = { cron = \"*/2 * * * * *\" }")
+            .dry(),
+    );
+    env.workflow(
+        &Spec::new("yearly", QUICK)
+            .trigger("schedule = { cron = \"0 0 1 1 *\", catchup_window_s = 60 }")
+            .dry(),
+    );
+    let mut d = env.daemon(&[]);
+    wait_for("a first scheduled run", Duration::from_secs(10), || {
+        !runs_of(&env, "every2").is_empty()
+    });
+    d.stop(Duration::from_secs(10));
+    let before = runs_of(&env, "every2").len();
+
+    let markers = env.path("vault/_inbox/scheduled-jobs");
+    std::fs::create_dir_all(&markers).unwrap();
+    let yesterday = chrono::Utc::now() - chrono::Duration::days(1);
+    let older = markers.join(format!("{}-every2.md", yesterday.format("%Y-%m-%d")));
+    std::fs::write(
+        &older,
+        format!(
+            "---\nstatus: queued\nscheduled_for: {}\n---\n",
+            yesterday.to_rfc3339()
+        ),
+    )
+    .unwrap();
+    let old = chrono::Utc::now() - chrono::Duration::days(10);
+    let expired = markers.join(format!("{}-yearly.md", old.format("%Y-%m-%d")));
+    std::fs::write(
+        &expired,
+        format!(
+            "---\nstatus: queued\nscheduled_for: {}\n---\n",
+            old.to_rfc3339()
+        ),
+    )
+    .unwrap();
+    let broken = markers.join("2026-01-01-every2-notes.md");
+    std::fs::write(&broken, "no frontmatter").unwrap();
+
+    // Let two slots pass while the daemon is down.
+    std::thread::sleep(Duration::from_millis(5200));
+    let _d = env.daemon(&[]);
+    let catchups = |env: &Env| {
+        runs_of(env, "every2")
+            .into_iter()
+            .filter(|r| r["trigger"]["catchup"] == true)
+            .collect::<Vec<_>>()
+    };
+    wait_for("the catch-up run", Duration::from_secs(10), || {
+        catchups(&env).iter().any(|r| r["state"] == "success")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(catchups(&env).len(), 1, "exactly one catch-up run");
+    let missed = runs_of(&env, "every2")
+        .into_iter()
+        .filter(|r| r["state"] == "missed")
+        .count();
+    assert!(
+        missed >= 2,
+        "missed fires are recorded ({missed}): {:#?}",
+        runs_of(&env, "every2")
+            .iter()
+            .map(|r| (
+                r["state"].clone(),
+                r["trigger"]["scheduled_for"].clone(),
+                r["reason"].clone()
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert!(runs_of(&env, "every2").len() > before);
+    wait_for("the markers to go", Duration::from_secs(5), || {
+        !older.exists()
+    });
+    assert!(!expired.exists(), "expired marker kept");
+    assert!(
+        runs_of(&env, "yearly")
+            .iter()
+            .all(|r| r["trigger"]["catchup"] != true),
+        "expired marker ran"
+    );
+    assert!(
+        broken.exists(),
+        "a marker with bad frontmatter must be left in place"
+    );
+    let leftover: Vec<_> = std::fs::read_dir(&markers)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p != &broken)
+        .collect();
+    assert!(leftover.is_empty(), "{leftover:?}");
+}
+
+#[test]
+fn a_second_daemon_on_the_same_state_folder_refuses_to_start() {
+    let env = Env::new();
+    env.workflow(&Spec::new("a", QUICK).dry());
+    let _d = env.daemon(&[]);
+    let out = env.steward(&["daemon"]);
+    assert_ne!(out.code, 0, "{out}");
+    assert!(out.stderr.contains("already"), "{out}");
+}
+
+#[test]
+fn control_socket_is_private_and_status_reports_the_daemon() {
+    let env = Env::new();
+    env.workflow(
+        &Spec::new("tick", QUICK)
+            .trigger("schedule = { cron = \"0 9 * * *\", timezone = \"Europe/Berlin\" }")
+            .dry(),
+    );
+    let _d = env.daemon(&[]);
+    let mode = std::fs::metadata(env.state.join("steward.sock"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    let s = env.steward(&["status", "--json"]).json();
+    assert!(s["uptime"].is_string() && s["in_flight"].is_array(), "{s}");
+    assert_eq!(s["forced_dry_run"], false);
+    let w = &s["workflows"][0];
+    assert_eq!(w["id"], "tick");
+    assert!(
+        w["next_fire"]["local"]
+            .as_str()
+            .unwrap()
+            .contains("09:00:00"),
+        "{w}"
+    );
+    assert!(
+        w["next_fire"]["utc"].as_str().unwrap().ends_with('Z'),
+        "{w}"
+    );
+    let text = env.steward(&["status"]);
+    assert!(
+        text.stdout.contains("tick") && text.stdout.contains("up "),
+        "{text}"
+    );
+}
+
+#[test]
+fn overlap_skip_records_the_skipped_fire() {
+    let env = Env::new();
+    env.workflow(
+        &Spec::new(
+            "w",
+            "cat >/dev/null\ntouch \"$MARKS/started\"\nsleep 1\necho '{}'\n",
+        )
+        .dry()
+        .top("overlap = \"skip\"\n"),
+    );
+    let _d = env.daemon(&[]);
+    let first = env
+        .command(&["run", "w", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the first run", Duration::from_secs(10), || {
+        env.path("started").exists()
+    });
+    let second = env.run("w", false);
+    assert_eq!(second.state(), "skipped", "{second}");
+    assert!(second.json()["reason"]
+        .as_str()
+        .unwrap()
+        .contains("overlap = skip"));
+    let out = first.wait_with_output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"success\""));
+}
