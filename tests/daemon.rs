@@ -465,16 +465,30 @@ fn missed_fires_catch_up_once_the_older_marker_goes_and_an_expired_one_is_delete
 
     // Let two slots pass while the daemon is down.
     std::thread::sleep(Duration::from_millis(5200));
-    let _d = env.daemon(&[]);
+    let d2 = env.daemon(&[]);
     let catchups = |env: &Env| {
         runs_of(env, "every2")
             .into_iter()
             .filter(|r| r["trigger"]["catchup"] == true)
             .collect::<Vec<_>>()
     };
-    wait_for("the catch-up run", Duration::from_secs(10), || {
-        catchups(&env).iter().any(|r| r["state"] == "success")
-    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !catchups(&env).iter().any(|r| r["state"] == "success") {
+        assert!(
+            Instant::now() < deadline,
+            "no catch-up run\n{}\n{:#?}",
+            d2.log_text(),
+            runs_of(&env, "every2")
+                .iter()
+                .map(|r| (
+                    r["state"].clone(),
+                    r["trigger"].clone(),
+                    r["reason"].clone()
+                ))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(catchups(&env).len(), 1, "exactly one catch-up run");
     let missed = runs_of(&env, "every2")

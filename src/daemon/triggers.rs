@@ -35,6 +35,9 @@ pub struct Triggers {
     tasks: HashMap<String, Task>,
     routes: webhook::Routes,
     webhook_server: Option<Task>,
+    /// Per job with a catch-up run: opened once that run is handed to the dispatcher,
+    /// so the job's schedule cannot take a new fire before its catch-up ("drain first").
+    gates: HashMap<String, CancellationToken>,
 }
 
 /// Identifies a trigger task: the workflow and its trigger's definition. A reload that
@@ -62,6 +65,7 @@ impl Triggers {
             tasks: HashMap::new(),
             routes: Default::default(),
             webhook_server: None,
+            gates: HashMap::new(),
         })
     }
 
@@ -155,14 +159,21 @@ impl Triggers {
                         });
                     })
                 };
-                tokio::spawn(schedule::run(
+                let gate = self.gates.get(&id).cloned();
+                let run = schedule::run(
                     self.scheduler.clone(),
                     sched,
                     last,
                     persist,
                     on_fire,
                     cancel.clone(),
-                ))
+                );
+                tokio::spawn(async move {
+                    if let Some(gate) = gate {
+                        gate.cancelled().await;
+                    }
+                    run.await
+                })
             }
             Trigger::Queue { queue: name } => {
                 let wake = shared.queue_wake(name);
@@ -342,10 +353,17 @@ impl Triggers {
                 tracing::error!(workflow = %wf.id, "cannot record the missed slots as handled: {e}");
             }
         }
-        self.drain(&marker_dir, run_all).await;
+        self.drain(&marker_dir, run_all, now).await;
     }
 
-    async fn drain(&self, marker_dir: &std::path::Path, run_all: Vec<(String, DateTime<Utc>)>) {
+    /// Works off the markers as of `now` (the same instant the catch-up used, so a marker
+    /// it just wrote cannot expire in between).
+    async fn drain(
+        &mut self,
+        marker_dir: &std::path::Path,
+        run_all: Vec<(String, DateTime<Utc>)>,
+        now: DateTime<Utc>,
+    ) {
         let config = self.shared.config();
         let (markers, bad) = drain::scan(marker_dir);
         for (path, why) in &bad {
@@ -354,9 +372,9 @@ impl Triggers {
         let windows: HashMap<String, Duration> = config
             .workflows
             .values()
-            .filter_map(|wf| schedule::of(wf).map(|s| (wf.id.clone(), s.window(Utc::now()))))
+            .filter_map(|wf| schedule::of(wf).map(|s| (wf.id.clone(), s.window(now))))
             .collect();
-        let plan = drain::plan(markers, |job| windows.get(job).copied(), Utc::now());
+        let plan = drain::plan(markers, |job| windows.get(job).copied(), now);
         for path in &plan.expired {
             tracing::info!(marker = %path.display(), "queue marker expired: deleted without running");
             let _ = std::fs::remove_file(path);
@@ -386,11 +404,18 @@ impl Triggers {
         for (i, (job, slot, files)) in fires.into_iter().enumerate() {
             let shared = self.shared.clone();
             let delay = stagger * i as u32;
+            let gate = self.gates.entry(job.clone()).or_default().clone();
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 let fire = Fire::new("schedule", Some(slot), json!({ "catchup": true }));
-                match shared.fire(&job, fire).await {
-                    Some(rec) if rec.state != RunState::Interrupted => {
+                let Some(wf) = shared.workflow(&job) else {
+                    gate.cancel();
+                    return;
+                };
+                let done = shared.dispatcher.submit(wf, fire, super::Mode::Triggered);
+                gate.cancel();
+                match done.await {
+                    Ok(Ok(rec)) if rec.state != RunState::Interrupted => {
                         for f in files {
                             let _ = std::fs::remove_file(f);
                         }

@@ -17,7 +17,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, SubsecRound, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds};
 use croner::Cron;
@@ -94,7 +94,9 @@ impl Schedule {
         // hour it can answer with the first pass of that hour, which is already past.
         // Step the start forward until the answer really lies ahead (bounded: the
         // repeated hour is at most two hours long).
-        let mut from = after;
+        // croner carries the start's fraction of a second into its answer: start from the
+        // whole second so slots land on whole seconds.
+        let mut from = after.trunc_subsecs(0);
         for _ in 0..7200 {
             let found = self
                 .cron
@@ -364,6 +366,23 @@ mod tests {
         assert!(bad("61 * * * *", "UTC"));
         assert!(bad("* * *", "UTC"));
         assert!(bad("0 9 * * *", "Mars/Olympus"));
+    }
+
+    #[test]
+    fn slots_are_whole_seconds_whatever_the_start() {
+        let s = sched("*/2 * * * * *", "UTC");
+        assert_eq!(
+            s.next_after(utc("2026-01-01T00:00:00.811Z")),
+            Some(utc("2026-01-01T00:00:02Z"))
+        );
+        assert_eq!(
+            s.next_after(utc("2026-01-01T00:00:01.999Z")),
+            Some(utc("2026-01-01T00:00:02Z"))
+        );
+        assert_eq!(
+            s.next_after(utc("2026-01-01T00:00:02Z")),
+            Some(utc("2026-01-01T00:00:04Z"))
+        );
     }
 
     #[test]
