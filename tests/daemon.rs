@@ -608,3 +608,157 @@ fn overlap_skip_records_the_skipped_fire() {
     let out = first.wait_with_output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"success\""));
 }
+
+#[test]
+fn overlap_buffer_one_runs_one_waiting_fire_and_skips_the_rest() {
+    let env = Env::new();
+    let run = "cat >/dev/null\necho x >> \"$MARKS/starts\"\nsleep 0.7\necho '{}'\n";
+    env.workflow(&Spec::new("w", run).dry().top("overlap = \"buffer_one\"\n"));
+    let _d = env.daemon(&[]);
+    let first = env
+        .command(&["run", "w", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the first run", Duration::from_secs(10), || {
+        env.path("starts").exists()
+    });
+    let second = env
+        .command(&["run", "w", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the second fire to be buffered",
+        Duration::from_secs(5),
+        || {
+            env.steward(&["status", "--json"]).json()["waiting"]
+                .as_array()
+                .map_or(0, |a| a.len())
+                == 1
+        },
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let third = env.run("w", false);
+    assert_eq!(third.state(), "skipped", "{third}");
+    for c in [first, second] {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("\"success\""),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(env.path("starts"))
+            .unwrap()
+            .lines()
+            .count(),
+        2,
+        "runs overlapped or a fire was lost"
+    );
+}
+
+#[test]
+fn overlap_cancel_other_interrupts_the_running_one() {
+    let env = Env::new();
+    let run = "cat >/dev/null\necho $$ >> \"$MARKS/pids\"\nsleep 30\necho '{}'\n";
+    env.workflow(
+        &Spec::new("w", run)
+            .dry()
+            .top("overlap = \"cancel_other\"\n"),
+    );
+    let _d = env.daemon(&[]);
+    let first = env
+        .command(&["run", "w", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the first run", Duration::from_secs(10), || {
+        env.path("pids").exists()
+    });
+    let _second = env
+        .command(&["run", "w", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = first.wait_with_output().unwrap();
+    let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rec["state"], "interrupted", "{rec}");
+    let pid: i32 = std::fs::read_to_string(env.path("pids"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    wait_for("the cancelled maker to die", Duration::from_secs(3), || {
+        process_gone(pid)
+    });
+    wait_for("the newer run to start", Duration::from_secs(5), || {
+        std::fs::read_to_string(env.path("pids"))
+            .unwrap()
+            .lines()
+            .count()
+            == 2
+    });
+}
+
+#[test]
+fn the_global_cap_keeps_runs_from_overlapping() {
+    let env = Env::new();
+    // Each run notes when it starts and ends; with a cap of 1 no two may interleave.
+    let run = "cat >/dev/null\necho \"start $STEWARD_RUN_ID\" >> \"$MARKS/events\"\nsleep 0.3\necho \"end $STEWARD_RUN_ID\" >> \"$MARKS/events\"\necho '{}'\n";
+    env.workflow(&Spec::new("a", run).dry().top("overlap = \"allow_all\"\n"));
+    env.workflow(&Spec::new("b", run).dry().top("overlap = \"allow_all\"\n"));
+    let _d = env.daemon(&["--max-concurrent", "1"]);
+    let kids: Vec<_> = ["a", "b", "a", "b"]
+        .iter()
+        .map(|w| {
+            env.command(&["run", w, "--json"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut k in kids {
+        k.wait().unwrap();
+    }
+    let events = std::fs::read_to_string(env.path("events")).unwrap();
+    let lines: Vec<&str> = events.lines().collect();
+    assert_eq!(lines.len(), 8, "{events}");
+    for pair in lines.chunks(2) {
+        assert!(
+            pair[0].starts_with("start") && pair[1].starts_with("end"),
+            "runs overlapped:\n{events}"
+        );
+        assert_eq!(pair[0][6..], pair[1][4..], "runs overlapped:\n{events}");
+    }
+}
+
+#[test]
+fn secrets_never_reach_the_daemon_log() {
+    let env = Env::new();
+    let secret = "daemon-secret-7f3a9c";
+    let run =
+        "cat >/dev/null\necho \"leaking $TOKEN\" >&2\necho \"note token=$TOKEN\" >&3\nexit 1\n";
+    env.workflow(
+        &Spec::new("w", run)
+            .dry()
+            .env("TOKEN = { from_env = \"TEST_DAEMON_TOKEN\" }"),
+    );
+    let d = env.daemon_env(
+        &[],
+        &[("TEST_DAEMON_TOKEN", secret), ("STEWARD_LOG", "debug")],
+    );
+    let out = env.run("w", false);
+    assert_eq!(out.state(), "failed", "{out}");
+    assert!(out.runlog.contains("[REDACTED:TOKEN]"), "{out}");
+    assert!(!out.runlog.contains(secret));
+    assert!(!out.stdout.contains(secret));
+    assert!(
+        !d.log_text().contains(secret),
+        "secret in the daemon log:\n{}",
+        d.log_text()
+    );
+}

@@ -223,6 +223,19 @@ impl Dispatcher {
         out
     }
 
+    /// Fires buffered behind an active run (`buffer_one`, `buffer_all`, `cancel_other`).
+    pub fn waiting(&self) -> Vec<Value> {
+        let slots = self.lock();
+        slots
+            .iter()
+            .flat_map(|(wf, s)| {
+                s.pending
+                    .iter()
+                    .map(move |p| json!({ "workflow": wf, "run_id": p.fire.run_id }))
+            })
+            .collect()
+    }
+
     /// Stops taking fires, lets runs finish within `grace`, then kills what is left
     /// (recorded `interrupted`). `now` cuts the grace short (a second SIGTERM).
     pub async fn shutdown(&self, grace: Duration, now: CancellationToken) {

@@ -143,6 +143,7 @@ impl Shared {
             "state_dir": self.state_dir,
             "forced_dry_run": forced,
             "in_flight": self.dispatcher.in_flight(),
+            "waiting": self.dispatcher.waiting(),
             "workflows": workflows,
             "webhook_listen": self.webhook_addr.lock().unwrap_or_else(|p| p.into_inner()).map(|a| a.to_string()),
             "process_containment": "process groups (each step and its children are killed as a group); cgroups are not used",

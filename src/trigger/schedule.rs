@@ -394,3 +394,51 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod run_tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A clock stepped backwards: the last fired slot lies ahead of "now". Nothing at or
+    /// before it may fire again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_clock_stepped_back_fires_nothing_twice() {
+        let sched = Schedule::parse(&ScheduleTrigger {
+            cron: "* * * * * *".into(),
+            timezone: None,
+            catchup: None,
+            catchup_window_s: None,
+        })
+        .unwrap();
+        let scheduler = JobScheduler::new().await.unwrap();
+        scheduler.start().await.unwrap();
+        let last = Utc::now().trunc_subsecs(0) + chrono::Duration::seconds(2);
+        let fired = Arc::new(Mutex::new(Vec::new()));
+        let on_fire: OnFire = {
+            let fired = fired.clone();
+            Arc::new(move |slot| fired.lock().unwrap().push(slot))
+        };
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(
+            scheduler.clone(),
+            sched,
+            Some(last),
+            Arc::new(|_| true),
+            on_fire,
+            cancel.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(4200)).await;
+        cancel.cancel();
+        let _ = task.await;
+        let fired = fired.lock().unwrap().clone();
+        assert!(!fired.is_empty(), "nothing fired after the last slot");
+        assert!(
+            fired.iter().all(|s| *s > last),
+            "fired at or before the last slot {last}: {fired:?}"
+        );
+        let mut dedup = fired.clone();
+        dedup.dedup();
+        assert_eq!(dedup, fired, "a slot fired twice");
+    }
+}
