@@ -668,7 +668,7 @@ fn overlap_cancel_other_interrupts_the_running_one() {
             .dry()
             .top("overlap = \"cancel_other\"\n"),
     );
-    let _d = env.daemon(&[]);
+    let mut d = env.daemon(&["--grace", "0"]);
     let first = env
         .command(&["run", "w", "--json"])
         .stdout(std::process::Stdio::piped())
@@ -677,7 +677,7 @@ fn overlap_cancel_other_interrupts_the_running_one() {
     wait_for("the first run", Duration::from_secs(10), || {
         env.path("pids").exists()
     });
-    let _second = env
+    let second = env
         .command(&["run", "w", "--json"])
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -702,6 +702,10 @@ fn overlap_cancel_other_interrupts_the_running_one() {
             .count()
             == 2
     });
+    // Stop the daemon: the newer run is killed, and the client sees it end.
+    d.stop(Duration::from_secs(5));
+    let out = second.wait_with_output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("interrupted"));
 }
 
 #[test]
