@@ -821,3 +821,34 @@ fn steps_do_not_inherit_stewards_environment() {
         .unwrap()
         .contains("do-not-pass"));
 }
+
+#[test]
+fn sigterm_to_steward_run_kills_the_steps_and_records_interrupted() {
+    let env = Env::new();
+    let run = "cat >/dev/null\necho $$ > \"$MARKS/step.pid\"\nsleep 30\n";
+    env.live_workflow(&Spec::new("w", run).key("k"));
+    let child = env
+        .command(&["run", "w", "--live", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the maker", Duration::from_secs(10), || {
+        env.path("step.pid").exists()
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let rec: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a run record");
+    assert_eq!(rec["state"], "interrupted");
+    let pid = read_pid(&env.path("step.pid"));
+    wait_for("the maker to die", Duration::from_secs(3), || {
+        process_gone(pid)
+    });
+    // Stopped before its commit: nothing committed, and the key is free, not in doubt.
+    assert!(!env.ledger().exists());
+    let doubt = env.steward(&["in-doubt", "list", "--json"]);
+    assert_eq!(doubt.json(), serde_json::json!([]), "{doubt}");
+}

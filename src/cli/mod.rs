@@ -469,7 +469,7 @@ async fn handle(ctx: &Ctx, command: Command, out: &mut String) -> Result<i32> {
             let fire = Fire::manual(payload);
             let rec = match &ctx.daemon {
                 Some(d) => d.run_now(wf, fire, live).await?,
-                None => engine.execute(wf, fire, live).await?,
+                None => run_in_foreground(engine, wf, fire, live).await?,
             };
             print_run(out, &rec, json);
             Ok(rec.state.exit_code())
@@ -574,6 +574,32 @@ async fn handle(ctx: &Ctx, command: Command, out: &mut String) -> Result<i32> {
     }
 }
 
+/// A run in this process: Ctrl-C or SIGTERM stops it the way the daemon would (its
+/// process group killed, the run recorded `interrupted`) instead of orphaning its steps.
+async fn run_in_foreground(
+    engine: &Engine,
+    wf: &config::Workflow,
+    fire: Fire,
+    live: bool,
+) -> Result<crate::store::RunRecord> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let stop = cancel.clone();
+    let watcher = tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("steward: stopping the run (its process group is killed)");
+        stop.cancel();
+    });
+    let rec = engine.execute_until(wf, fire, live, &cancel).await;
+    watcher.abort();
+    Ok(rec?)
+}
+
 fn validate(config: &Path) -> Result<i32> {
     match config::load_dir(config) {
         Ok(cfg) => {
@@ -639,7 +665,7 @@ async fn dead_letter(ctx: &Ctx, cmd: DeadLetterCmd, out: &mut String) -> Result<
             let live = !entry.run.dry_run;
             let rec = match &ctx.daemon {
                 Some(d) => d.run_now(wf, fire, live).await?,
-                None => engine.execute(wf, fire, live).await?,
+                None => run_in_foreground(engine, wf, fire, live).await?,
             };
             engine.store.remove_dead_letter(&run)?;
             engine.store.flush()?;
