@@ -136,6 +136,33 @@ struct Attempt {
     passed: bool,
 }
 
+/// A fresh record for a fire, before any step ran.
+fn new_record(wf: &Workflow, fire: &Fire, dry_run: bool, state: RunState) -> RunRecord {
+    RunRecord {
+        run_id: fire.run_id.clone(),
+        workflow: wf.id.clone(),
+        config_hash: wf.config_hash.clone(),
+        state,
+        reason: String::new(),
+        dry_run,
+        committed: false,
+        attempt: if state == RunState::Running { 1 } else { 0 },
+        idempotency_key: None,
+        trigger: fire.trigger.clone(),
+        started_at: Utc::now(),
+        ended_at: None,
+        figures: Figures::default(),
+        breach: None,
+        output: None,
+        verify: None,
+        commit_output: None,
+        stderr: BTreeMap::new(),
+        notes: Vec::new(),
+        attempts: Vec::new(),
+        retry_of: fire.retry_of.clone(),
+    }
+}
+
 fn ended(state: RunState, reason: String, guard: &BudgetGuard, breach: Option<String>) -> Attempt {
     Attempt {
         state,
@@ -223,29 +250,7 @@ impl Engine {
         }
         let dry_run = !live;
         let run_id = fire.run_id.clone();
-        let mut rec = RunRecord {
-            run_id: run_id.clone(),
-            workflow: wf.id.clone(),
-            config_hash: wf.config_hash.clone(),
-            state: RunState::Running,
-            reason: String::new(),
-            dry_run,
-            committed: false,
-            attempt: 1,
-            idempotency_key: None,
-            trigger: fire.trigger.clone(),
-            started_at: Utc::now(),
-            ended_at: None,
-            figures: Figures::default(),
-            breach: None,
-            output: None,
-            verify: None,
-            commit_output: None,
-            stderr: BTreeMap::new(),
-            notes: Vec::new(),
-            attempts: Vec::new(),
-            retry_of: fire.retry_of.clone(),
-        };
+        let mut rec = new_record(wf, &fire, dry_run, RunState::Running);
         let env = match step_env(wf) {
             Ok(env) => env,
             Err((why, redactor)) => {
@@ -371,29 +376,7 @@ impl Engine {
         state: RunState,
         reason: String,
     ) -> Result<RunRecord> {
-        let rec = RunRecord {
-            run_id: fire.run_id.clone(),
-            workflow: wf.id.clone(),
-            config_hash: wf.config_hash.clone(),
-            state,
-            reason: String::new(),
-            dry_run: true,
-            committed: false,
-            attempt: 0,
-            idempotency_key: None,
-            trigger: fire.trigger.clone(),
-            started_at: Utc::now(),
-            ended_at: None,
-            figures: Figures::default(),
-            breach: None,
-            output: None,
-            verify: None,
-            commit_output: None,
-            stderr: BTreeMap::new(),
-            notes: Vec::new(),
-            attempts: Vec::new(),
-            retry_of: fire.retry_of,
-        };
+        let rec = new_record(wf, &fire, true, state);
         let env = StepEnv {
             vars: Vec::new(),
             redactor: Redactor::default(),

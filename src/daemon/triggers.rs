@@ -50,6 +50,22 @@ fn key(wf: &Workflow) -> String {
     )
 }
 
+/// What a queue or file task calls per fire: runs it and resolves to its record.
+fn submitter(
+    shared: Arc<Shared>,
+    id: String,
+) -> impl Fn(
+    Fire,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = Option<crate::store::RunRecord>> + Send>,
+> {
+    move |fire: Fire| {
+        let shared = shared.clone();
+        let id = id.clone();
+        Box::pin(async move { shared.fire(&id, fire).await })
+    }
+}
+
 impl Triggers {
     pub async fn start(shared: Arc<Shared>) -> Result<Triggers> {
         let scheduler = JobScheduler::new()
@@ -177,14 +193,7 @@ impl Triggers {
             }
             Trigger::Queue { queue: name } => {
                 let wake = shared.queue_wake(name);
-                let submit = {
-                    let shared = shared.clone();
-                    move |fire: Fire| {
-                        let shared = shared.clone();
-                        let id = id.clone();
-                        async move { shared.fire(&id, fire).await }
-                    }
-                };
+                let submit = submitter(shared.clone(), id.clone());
                 tokio::spawn(queue::run(
                     shared.state_dir.clone(),
                     name.clone(),
@@ -210,14 +219,7 @@ impl Triggers {
                         .map(Duration::from_millis)
                         .unwrap_or(file::DEFAULT_DEBOUNCE),
                 };
-                let submit = {
-                    let shared = shared.clone();
-                    move |fire: Fire| {
-                        let shared = shared.clone();
-                        let id = id.clone();
-                        async move { shared.fire(&id, fire).await }
-                    }
-                };
+                let submit = submitter(shared.clone(), id.clone());
                 tokio::spawn(file::run(
                     watch,
                     shared.state_dir.clone(),
