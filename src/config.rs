@@ -324,6 +324,8 @@ pub struct Workflow {
     pub file: PathBuf,
     /// sha256 of the file's bytes: what a go-live approval is bound to.
     pub config_hash: String,
+    /// Set when this workflow is a digest agent's run (see [`crate::agent`]).
+    pub agent: Option<String>,
 }
 
 /// Default seconds a commit may take before it is killed (its key is then in doubt).
@@ -345,6 +347,37 @@ pub struct Settings {
     /// Seconds between catch-up runs at start-up, so a restart does not start every job at once.
     #[serde(default)]
     pub catchup_stagger_s: Option<f64>,
+    /// How digests are mailed.
+    #[serde(default)]
+    pub smtp: Option<Smtp>,
+}
+
+/// `[smtp]` in steward.toml. Credentials are env var names, never values.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Smtp {
+    pub host: String,
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub security: SmtpSecurity,
+    pub from: String,
+    #[serde(default)]
+    pub username_env: Option<String>,
+    #[serde(default)]
+    pub password_env: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpSecurity {
+    /// STARTTLS on port 587 (the default).
+    #[default]
+    Starttls,
+    /// Implicit TLS on port 465.
+    Tls,
+    /// No TLS: allowed only for a loopback host (tests, a local relay).
+    Plain,
 }
 
 /// Every workflow of a config folder, and the daemon settings.
@@ -353,6 +386,10 @@ pub struct Config {
     pub root: PathBuf,
     pub settings: Settings,
     pub workflows: BTreeMap<String, Workflow>,
+    /// Digest agents by name; each also has a workflow of the same id.
+    pub agents: BTreeMap<String, crate::agent::config::Agent>,
+    /// The source registry (`sources.toml`).
+    pub sources: Vec<crate::agent::config::Source>,
 }
 
 impl Config {
@@ -397,6 +434,8 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
         root: root.to_path_buf(),
         settings: Settings::default(),
         workflows: BTreeMap::new(),
+        agents: BTreeMap::new(),
+        sources: Vec::new(),
     };
     let settings_file = root.join("steward.toml");
     if settings_file.exists() {
@@ -411,15 +450,14 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
             "config folder not found (pass --config DIR or create it)",
         )]);
     }
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(config),
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(vec![whole_file_error(&dir, &format!("cannot read: {e}"))]),
     };
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
     files.sort();
     let mut origin: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut queues: BTreeMap<String, String> = BTreeMap::new();
@@ -452,6 +490,23 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
             Err(mut errs) => errors.append(&mut errs),
         }
     }
+    let (agents, sources, agent_workflows) = crate::agent::config::load(root, &mut errors);
+    for wf in agent_workflows {
+        if let Some(other) = origin.get(&wf.id) {
+            errors.push(whole_file_error(
+                &wf.file,
+                &format!(
+                    "agent `{}` has the id of the workflow in {}: names must be unique",
+                    wf.id,
+                    other.display()
+                ),
+            ));
+            continue;
+        }
+        config.workflows.insert(wf.id.clone(), wf);
+    }
+    config.agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
+    config.sources = sources;
     if errors.is_empty() {
         Ok(config)
     } else {
@@ -611,6 +666,7 @@ impl Validator<'_> {
             cwd,
             file: self.file.to_path_buf(),
             config_hash,
+            agent: None,
         })
     }
 

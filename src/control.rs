@@ -33,6 +33,12 @@ pub enum Message {
     Block(String),
     Note(String),
     Confidence(String),
+    /// A named sub-step of a step, logged as its own runlog record: `step NAME STATUS DETAIL`.
+    Step {
+        name: String,
+        status: String,
+        detail: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +73,26 @@ pub fn parse(line: &str) -> Result<Message, ParseError> {
             "high" | "medium" | "low" => Ok(Message::Confidence(rest.to_string())),
             _ => bad("confidence must be high, medium or low"),
         },
+        "step" => {
+            let mut parts = rest.splitn(3, char::is_whitespace);
+            let (Some(name), Some(status)) = (parts.next(), parts.next()) else {
+                return bad("expected `step NAME STATUS [DETAIL]`");
+            };
+            let word_ok = |w: &str| {
+                !w.is_empty()
+                    && w.len() <= 64
+                    && w.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            };
+            if !word_ok(name) || !word_ok(status) {
+                return bad("step NAME and STATUS are words of a-z, 0-9, `_`, `-`");
+            }
+            Ok(Message::Step {
+                name: name.to_string(),
+                status: status.to_string(),
+                detail: parts.next().unwrap_or("").trim().to_string(),
+            })
+        }
         "charge" => {
             let mut parts = rest.split_whitespace();
             let (Some(what), Some(amount), None) = (parts.next(), parts.next(), parts.next())

@@ -141,6 +141,21 @@ fn frontmatter(text: &str) -> Result<BTreeMap<String, String>, String> {
     Err("frontmatter is not closed by a `---` line".into())
 }
 
+/// Each known job's expiry window: a schedule's catch-up window (an agent's is its
+/// cadence's expiry), or an unscheduled agent's expiry.
+pub fn windows(config: &crate::config::Config, now: DateTime<Utc>) -> BTreeMap<String, Duration> {
+    let mut w: BTreeMap<String, Duration> = config
+        .workflows
+        .values()
+        .filter_map(|wf| crate::trigger::schedule::of(wf).map(|s| (wf.id.clone(), s.window(now))))
+        .collect();
+    for a in config.agents.values() {
+        w.entry(a.name.clone())
+            .or_insert(Duration::from_secs(a.expiry_days * 86_400));
+    }
+    w
+}
+
 /// What the drain will do.
 #[derive(Debug, Default, PartialEq)]
 pub struct Plan {

@@ -160,6 +160,7 @@ fn new_record(wf: &Workflow, fire: &Fire, dry_run: bool, state: RunState) -> Run
         notes: Vec::new(),
         attempts: Vec::new(),
         retry_of: fire.retry_of.clone(),
+        summary: None,
     }
 }
 
@@ -394,7 +395,7 @@ impl Engine {
         cancel: &CancellationToken,
     ) -> Result<Attempt> {
         let mut guard = BudgetGuard::new(wf.caps.clone());
-        let vars = step_vars(wf, rec, env);
+        let vars = step_vars(wf, rec, env, &self.state_dir);
         let fail = ended;
 
         let run = self
@@ -525,6 +526,11 @@ impl Engine {
             e.detail = line.clone();
             self.runlog.record(&e, &env.redactor)?;
         }
+        for (name, status, detail) in &out.steps {
+            let mut e = self.entry(rec, name, status);
+            e.detail = detail.clone();
+            self.runlog.record(&e, &env.redactor)?;
+        }
         for note in &out.notes {
             let mut e = self.entry(rec, kind.name(), "note");
             e.detail = note.clone();
@@ -608,7 +614,7 @@ impl Engine {
         }
         self.store.put_run(&rec)?;
         self.store.flush()?;
-        let vars = step_vars(wf, &rec, env);
+        let vars = step_vars(wf, &rec, env, &self.state_dir);
         let out = self
             .step(
                 wf,
@@ -674,6 +680,9 @@ impl Engine {
         rec.state = state;
         rec.reason = env.redactor.redact(&reason).into_owned();
         rec.ended_at = Some(Utc::now());
+        if wf.agent.is_some() && !matches!(state, RunState::Skipped | RunState::Missed) {
+            self.agent_summary(&mut rec, env)?;
+        }
         if let (Some(key), false) = (&rec.idempotency_key, rec.dry_run || key_in_doubt) {
             // Only the run that holds the key may change it (a refused re-fire must not).
             let holds = self
@@ -717,6 +726,22 @@ impl Engine {
         }));
         self.runlog.record(&e, &env.redactor)?;
         Ok(rec)
+    }
+
+    /// A digest agent's steps 11 (when its commit did not run) and 12, the summary line.
+    fn agent_summary(&self, rec: &mut RunRecord, env: &StepEnv) -> Result<()> {
+        if let Some(why) = crate::agent::email_skipped_reason(rec) {
+            let dry = why.starts_with("dry-run");
+            let mut e = self.entry(rec, "maybe_email", if dry { "skipped" } else { "failed" });
+            e.detail = why;
+            self.runlog.record(&e, &env.redactor)?;
+        }
+        let line = crate::agent::summary_line(rec);
+        let mut e = self.entry(rec, "emit_summary", "ok");
+        e.detail = line.clone();
+        self.runlog.record(&e, &env.redactor)?;
+        rec.summary = Some(env.redactor.redact(&line).into_owned());
+        Ok(())
     }
 
     /// `steward approve RUN`: the operator accepts an escalated run; a live one commits.
@@ -1081,7 +1106,12 @@ fn step_env(wf: &Workflow) -> std::result::Result<StepEnv, (String, Redactor)> {
 }
 
 /// The full child environment for one attempt.
-fn step_vars(wf: &Workflow, rec: &RunRecord, env: &StepEnv) -> Vec<(String, String)> {
+fn step_vars(
+    wf: &Workflow,
+    rec: &RunRecord,
+    env: &StepEnv,
+    state_dir: &Path,
+) -> Vec<(String, String)> {
     let mut vars = env.vars.clone();
     vars.extend([
         ("STEWARD_RUN_ID".to_string(), rec.run_id.clone()),
@@ -1092,6 +1122,20 @@ fn step_vars(wf: &Workflow, rec: &RunRecord, env: &StepEnv) -> Vec<(String, Stri
         ),
         ("STEWARD_ATTEMPT".to_string(), rec.attempt.to_string()),
         ("STEWARD_CONTROL_FD".to_string(), "3".to_string()),
+        // The file sits in CONFIG/workflows/ or CONFIG/agents/.
+        (
+            "STEWARD_CONFIG_DIR".to_string(),
+            wf.file
+                .parent()
+                .and_then(Path::parent)
+                .unwrap_or(&wf.cwd)
+                .to_string_lossy()
+                .into_owned(),
+        ),
+        (
+            "STEWARD_STATE_DIR".to_string(),
+            state_dir.to_string_lossy().into_owned(),
+        ),
     ]);
     vars.extend(wf.caps.env());
     vars

@@ -117,6 +117,8 @@ pub struct StepOutcome {
     pub confidence: Option<String>,
     /// Control lines that did not parse, with the reason.
     pub malformed: Vec<String>,
+    /// Sub-steps the process reported (`step NAME STATUS DETAIL`), in order.
+    pub steps: Vec<(String, String, String)>,
     pub duration: Duration,
 }
 
@@ -133,6 +135,7 @@ impl StepOutcome {
             notes: Vec::new(),
             confidence: None,
             malformed: Vec::new(),
+            steps: Vec::new(),
             duration: Duration::ZERO,
         }
     }
@@ -165,6 +168,15 @@ impl StepOutcome {
                 }
             }
             Ok(Message::Confidence(c)) => self.confidence = Some(c),
+            Ok(Message::Step {
+                name,
+                status,
+                detail,
+            }) => {
+                if self.steps.len() < MAX_NOTES {
+                    self.steps.push((name, status, detail));
+                }
+            }
             Err(e) => {
                 if self.malformed.len() < MAX_NOTES {
                     self.malformed.push(e.0);

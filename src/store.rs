@@ -148,6 +148,9 @@ pub struct RunRecord {
     pub attempts: Vec<AttemptRecord>,
     /// The dead-lettered run this one retries.
     pub retry_of: Option<String>,
+    /// A digest agent's summary line (step 12).
+    #[serde(default)]
+    pub summary: Option<String>,
 }
 
 /// Where an idempotency key stands.

@@ -84,6 +84,30 @@ pub enum Command {
         #[arg(long, value_name = "JSON")]
         payload: String,
     },
+    /// Run a digest agent now: fetch, filter, write the digest, and email it if live
+    Digest {
+        /// The agent's `agent_name`
+        agent: String,
+        /// Write nothing and send nothing: show the digest it would write
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the run record as JSON instead of the summary line
+        #[arg(long)]
+        json: bool,
+    },
+    /// Work off the queue markers of missed scheduled runs (vault/_inbox/scheduled-jobs/)
+    Drain {
+        /// Only say what would run and what would be deleted
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// (internal) one step of a digest agent's governed run
+    #[command(name = "agent-step", hide = true)]
+    AgentStep {
+        /// run | check | email
+        step: String,
+        agent: String,
+    },
     /// Check every workflow file in the config folder; report all errors, run nothing
     Validate,
     /// List workflows with their trigger and whether they run live or dry
@@ -346,6 +370,7 @@ fn run_cli(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Validate => validate(&config),
+        Command::AgentStep { step, agent } => agent_step(&config, &state, &step, &agent),
         Command::New(args) => {
             let written = crate::scaffold::create(&config, &args.workflow)?;
             for p in &written {
@@ -411,9 +436,50 @@ pub async fn execute(ctx: &Ctx, command: Command) -> Reply {
 async fn handle(ctx: &Ctx, command: Command, out: &mut String) -> Result<i32> {
     let engine = &ctx.engine;
     match command {
-        Command::Daemon(_) | Command::Validate | Command::New(_) | Command::Logs { .. } => {
+        Command::Daemon(_)
+        | Command::Validate
+        | Command::New(_)
+        | Command::Logs { .. }
+        | Command::AgentStep { .. } => {
             bail!("this command runs in the CLI, not through the daemon")
         }
+        Command::Digest {
+            agent,
+            dry_run,
+            json,
+        } => {
+            let cfg = ctx.config()?;
+            let wf = cfg.workflow(&agent).map_err(|e| anyhow!(e))?;
+            if wf.agent.is_none() {
+                bail!("`{agent}` is a workflow, not a digest agent: use `steward run {agent}`");
+            }
+            let fire = Fire::manual(dry_run.then(|| json!({ "preview": true })));
+            let forced = ctx.daemon.as_ref().is_some_and(|d| d.forced_dry_run());
+            let live = !dry_run && !forced && engine.live_status(wf)?.is_live();
+            let rec = match &ctx.daemon {
+                Some(d) => d.run_now(wf, fire, live).await?,
+                None => run_in_foreground(engine, wf, fire, live).await?,
+            };
+            if json {
+                print_run(out, &rec, true);
+            } else {
+                if dry_run {
+                    if let Some(text) = rec.output.as_ref().and_then(|o| o["preview"].as_str()) {
+                        wln!(out, "{text}");
+                    }
+                }
+                wln!(
+                    out,
+                    "{}",
+                    rec.summary.clone().unwrap_or_else(|| format!(
+                        "{}: {} ({})",
+                        rec.workflow, rec.state, rec.reason
+                    ))
+                );
+            }
+            Ok(rec.state.exit_code())
+        }
+        Command::Drain { dry_run } => drain(ctx, dry_run, out).await,
         Command::Status { json } => {
             let d = ctx.daemon.as_ref().ok_or_else(|| anyhow!("no daemon"))?;
             let status = d.status()?;
@@ -600,16 +666,148 @@ async fn run_in_foreground(
     Ok(rec?)
 }
 
+/// `steward drain`: per job, run the newest unexpired marker, then delete it and the older
+/// ones; delete expired markers unrun; report and keep unreadable ones.
+async fn drain(ctx: &Ctx, dry_run: bool, out: &mut String) -> Result<i32> {
+    use crate::drain;
+    let cfg = ctx.config()?;
+    let now = chrono::Utc::now();
+    let dir = drain::marker_dir(&cfg.vault());
+    let (markers, bad) = drain::scan(&dir);
+    let windows = drain::windows(&cfg, now);
+    let plan = drain::plan(markers, |job| windows.get(job).copied(), now);
+    let verb = |real: &str, would: &str| {
+        if dry_run {
+            would.to_string()
+        } else {
+            real.to_string()
+        }
+    };
+    for (path, why) in bad.iter().chain(plan.left.iter()) {
+        wln!(out, "kept {}: {why}", path.display());
+    }
+    for path in &plan.expired {
+        if !dry_run {
+            std::fs::remove_file(path)
+                .with_context(|| format!("cannot delete {}", path.display()))?;
+        }
+        wln!(
+            out,
+            "{} {} (expired)",
+            verb("deleted", "would delete"),
+            path.display()
+        );
+    }
+    let mut worst = 0;
+    for (marker, older) in plan.run {
+        let Some(wf) = cfg.workflows.get(&marker.job) else {
+            continue;
+        };
+        if dry_run {
+            wln!(
+                out,
+                "would run {} for {} (marker {}), then delete it and {} older",
+                wf.id,
+                marker.scheduled_for,
+                marker.path.display(),
+                older.len()
+            );
+            continue;
+        }
+        let fire = Fire::new(
+            "schedule",
+            Some(marker.scheduled_for),
+            json!({ "catchup": true, "marker": marker.path }),
+        );
+        let live = !ctx.daemon.as_ref().is_some_and(|d| d.forced_dry_run())
+            && ctx.engine.live_status(wf)?.is_live();
+        let rec = match &ctx.daemon {
+            Some(d) => d.run_now(wf, fire, live).await?,
+            None => run_in_foreground(&ctx.engine, wf, fire, live).await?,
+        };
+        wln!(
+            out,
+            "ran {} for {}: {} ({})",
+            wf.id,
+            marker.scheduled_for,
+            rec.state,
+            rec.run_id
+        );
+        if let Some(s) = &rec.summary {
+            wln!(out, "{s}");
+        }
+        if rec.state == RunState::Interrupted {
+            wln!(
+                out,
+                "kept the markers of {}: its run was interrupted",
+                wf.id
+            );
+            worst = worst.max(rec.state.exit_code());
+            continue;
+        }
+        for p in older.iter().chain(std::iter::once(&marker.path)) {
+            let _ = std::fs::remove_file(p);
+        }
+        worst = worst.max(rec.state.exit_code());
+    }
+    if bad.is_empty()
+        && plan.expired.is_empty()
+        && plan.left.is_empty()
+        && worst == 0
+        && out.is_empty()
+    {
+        wln!(out, "no queue markers in {}", dir.display());
+    }
+    Ok(worst)
+}
+
+/// `steward agent-step run|check|email AGENT`: one step of an agent's governed run,
+/// started by the engine with the context on stdin.
+fn agent_step(config: &Path, state: &Path, step: &str, agent: &str) -> Result<i32> {
+    let config_dir = std::env::var_os("STEWARD_CONFIG_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| config.to_path_buf());
+    let state_dir = std::env::var_os("STEWARD_STATE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| state.to_path_buf());
+    let mut input = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)?;
+    let ctx: serde_json::Value =
+        serde_json::from_str(&input).context("the run context on stdin is not JSON")?;
+    let cfg = load_config(&config_dir)?;
+    let spec = cfg
+        .agents
+        .get(agent)
+        .ok_or_else(|| anyhow!("no agent named `{agent}` in {}", config_dir.display()))?;
+    Ok(match step {
+        "run" => block_on(crate::agent::run_step(&cfg, spec, &state_dir, &ctx)),
+        "check" => crate::agent::check_step(&ctx),
+        "email" => block_on(crate::agent::email_step(&cfg, spec, &ctx)),
+        other => bail!("unknown agent step `{other}` (run, check or email)"),
+    })
+}
+
 fn validate(config: &Path) -> Result<i32> {
     match config::load_dir(config) {
         Ok(cfg) => {
-            let ids: Vec<&str> = cfg.workflows.keys().map(String::as_str).collect();
+            let ids: Vec<&str> = cfg
+                .workflows
+                .values()
+                .filter(|w| w.agent.is_none())
+                .map(|w| w.id.as_str())
+                .collect();
+            let agents: Vec<&str> = cfg.agents.keys().map(String::as_str).collect();
             println!(
-                "ok: {} workflow{} in {} ({})",
+                "ok: {} workflow{} ({}), {} agent{} ({}), {} source{} in {}",
                 ids.len(),
                 if ids.len() == 1 { "" } else { "s" },
-                config.display(),
-                ids.join(", ")
+                ids.join(", "),
+                agents.len(),
+                if agents.len() == 1 { "" } else { "s" },
+                agents.join(", "),
+                cfg.sources.len(),
+                if cfg.sources.len() == 1 { "" } else { "s" },
+                config.display()
             );
             Ok(0)
         }

@@ -86,7 +86,13 @@ impl Shared {
             return None;
         };
         match self.dispatcher.submit(wf, fire, Mode::Triggered).await {
-            Ok(Ok(rec)) => Some(rec),
+            Ok(Ok(rec)) => {
+                // A digest agent's summary line goes to stdout (journald) as well.
+                if let Some(line) = &rec.summary {
+                    println!("{line}");
+                }
+                Some(rec)
+            }
             Ok(Err(e)) => {
                 tracing::warn!(workflow, "fire not run: {e}");
                 None

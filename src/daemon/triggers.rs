@@ -371,11 +371,7 @@ impl Triggers {
         for (path, why) in &bad {
             tracing::error!(marker = %path.display(), "queue marker left in place: {why}");
         }
-        let windows: HashMap<String, Duration> = config
-            .workflows
-            .values()
-            .filter_map(|wf| schedule::of(wf).map(|s| (wf.id.clone(), s.window(now))))
-            .collect();
+        let windows = drain::windows(&config, now);
         let plan = drain::plan(markers, |job| windows.get(job).copied(), now);
         for path in &plan.expired {
             tracing::info!(marker = %path.display(), "queue marker expired: deleted without running");
