@@ -418,3 +418,123 @@ pub fn runs_of(env: &Env, workflow: &str) -> Vec<Value> {
     runs.reverse();
     runs
 }
+
+/// A small SMTP server on loopback speaking the real protocol over TCP; `reject` lists
+/// recipients answered with 550. Each accepted message is (recipients, data).
+/// Messages received: (recipients, data).
+pub type Mailbox = std::sync::Arc<std::sync::Mutex<Vec<(Vec<String>, String)>>>;
+
+pub struct SmtpServer {
+    pub port: u16,
+    pub messages: Mailbox,
+}
+
+pub fn smtp_server(reject: &[&str]) -> SmtpServer {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let messages = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reject: Vec<String> = reject.iter().map(|s| s.to_string()).collect();
+    let store = messages.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let store = store.clone();
+            let reject = reject.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let _ = conn.write_all(b"220 test ESMTP\r\n");
+                let mut rcpts = Vec::new();
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let cmd = line.trim_end().to_string();
+                    let upper = cmd.to_uppercase();
+                    let reply: &[u8] = if upper.starts_with("EHLO") {
+                        b"250-test\r\n250 8BITMIME\r\n"
+                    } else if upper.starts_with("HELO") || upper.starts_with("NOOP") {
+                        b"250 OK\r\n"
+                    } else if upper.starts_with("MAIL FROM") || upper.starts_with("RSET") {
+                        rcpts.clear();
+                        b"250 OK\r\n"
+                    } else if upper.starts_with("RCPT TO") {
+                        let addr = cmd.split(['<', '>']).nth(1).unwrap_or("").to_string();
+                        if reject.contains(&addr) {
+                            b"550 5.1.1 no such user\r\n"
+                        } else {
+                            rcpts.push(addr);
+                            b"250 OK\r\n"
+                        }
+                    } else if upper == "DATA" {
+                        let _ = conn.write_all(b"354 go on\r\n");
+                        let mut data = String::new();
+                        loop {
+                            line.clear();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == ".\r\n" || line == ".\n" {
+                                break;
+                            }
+                            data.push_str(&line);
+                        }
+                        store
+                            .lock()
+                            .unwrap()
+                            .push((std::mem::take(&mut rcpts), data));
+                        b"250 OK queued\r\n"
+                    } else if upper.starts_with("QUIT") {
+                        let _ = conn.write_all(b"221 bye\r\n");
+                        return;
+                    } else {
+                        b"502 not implemented\r\n"
+                    };
+                    if conn.write_all(reply).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    SmtpServer { port, messages }
+}
+
+/// A small HTTP server on loopback: `routes` maps a path to (status, body); a status of 0
+/// accepts the request and never answers (a feed that hangs).
+pub fn http_server(routes: Vec<(&'static str, u16, String)>) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let routes = std::sync::Arc::new(routes);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let routes = routes.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut request = String::new();
+                let _ = reader.read_line(&mut request);
+                let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                }
+                match routes.iter().find(|(p, _, _)| *p == path) {
+                    Some((_, 0, _)) => std::thread::sleep(Duration::from_secs(60)),
+                    Some((_, status, body)) => {
+                        let _ = write!(conn, "HTTP/1.1 {status} X\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                    }
+                    None => {
+                        let _ = conn.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                    }
+                }
+            });
+        }
+    });
+    addr
+}

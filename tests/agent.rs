@@ -1,0 +1,433 @@
+//! Digest agents end to end: the real binary, real feed files, a real HTTP server and a
+//! real SMTP conversation on 127.0.0.1.
+
+mod util;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use util::{Env, Run};
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/feeds");
+
+/// Writes `config/sources.toml`, `config/agents/NAME.toml` (and `steward.toml`).
+fn setup(env: &Env, sources: &str, agent: &str, settings: &str) {
+    std::fs::write(env.config.join("sources.toml"), sources).unwrap();
+    std::fs::create_dir_all(env.config.join("agents")).unwrap();
+    let name = agent
+        .lines()
+        .find_map(|l| l.strip_prefix("agent_name = \""))
+        .unwrap()
+        .trim_end_matches('"');
+    std::fs::write(env.config.join(format!("agents/{name}.toml")), agent).unwrap();
+    std::fs::write(env.config.join("steward.toml"), settings).unwrap();
+}
+
+fn file_source(name: &str, fixture: &str) -> String {
+    let path = env_path(fixture);
+    format!("[[source]]\nname = \"{name}\"\nkind = \"file\"\npath = \"{}\"\ntopic_tags = [\"github\"]\ntier = 1\n", path.display())
+}
+
+fn env_path(fixture: &str) -> PathBuf {
+    Path::new(FIXTURES).join(fixture)
+}
+
+/// The digest written for `agent` (its date is in the agent's time zone, so look it up).
+fn digest_path(env: &Env, cadence: &str, agent: &str) -> PathBuf {
+    let dir = env.path(&format!("vault/digests/{cadence}"));
+    std::fs::read_dir(&dir)
+        .ok()
+        .and_then(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .find(|p| p.to_string_lossy().ends_with(&format!("-{agent}.md")))
+        })
+        .unwrap_or_else(|| dir.join(format!("missing-{agent}.md")))
+}
+
+fn summary(run: &Run) -> String {
+    run.stdout
+        .lines()
+        .find(|l| l.starts_with('['))
+        .unwrap_or_else(|| panic!("no summary line\n{run}"))
+        .to_string()
+}
+
+const NOOP_AGENT: &str = "agent_name = \"noop-test-agent\"\ncadence = \"daily\"\nverify_loadbearing = false\ncurate_findings = false\ndry_run = false\n[source_filter]\ntopic_tags = [\"github\"]\n";
+
+#[test]
+fn the_seeds_noop_agent_runs_end_to_end() {
+    let env = Env::new();
+    setup(&env, &file_source("gh", "rss.xml"), NOOP_AGENT, "");
+    assert_eq!(env.steward(&["go-live", "noop-test-agent"]).code, 0);
+    let run = env.steward(&["digest", "noop-test-agent"]);
+    assert_eq!(run.code, 0, "{run}");
+    let line = summary(&run);
+    assert!(line.contains("noop-test-agent: polled=1 sources, new_items=2, verified=0, written=vault/digests/daily/"), "{line}");
+    assert!(
+        line.contains("email_failed=distribution list missing"),
+        "{line}"
+    );
+
+    let log = env.runlog();
+    let status = |step: &str| {
+        log.iter()
+            .find(|e| e["step"] == step)
+            .map(|e| e["status"].as_str().unwrap().to_string())
+            .unwrap_or_else(|| panic!("no {step} record\n{run}"))
+    };
+    for step in [
+        "load_conventions",
+        "load_last_run_state",
+        "fetch_candidates",
+        "filter_new",
+        "build_digest_input",
+        "write_digest",
+        "mark_surfaced",
+        "emit_summary",
+    ] {
+        assert_eq!(status(step), "ok", "{step}\n{run}");
+    }
+    assert_eq!(
+        status("maybe_email"),
+        "failed",
+        "step 11 runs and stops-and-reports"
+    );
+    for step in ["extract_claims", "verify_loadbearing", "curate_findings"] {
+        assert_eq!(status(step), "skipped", "{step}\n{run}");
+    }
+    let digest = std::fs::read_to_string(digest_path(&env, "daily", "noop-test-agent"))
+        .expect("digest written");
+    assert!(
+        digest.starts_with("---\nagent: \"noop-test-agent\""),
+        "{digest}"
+    );
+    assert!(
+        digest.contains("## TL;DR") && digest.contains("## Sources"),
+        "{digest}"
+    );
+    let seen = std::fs::read_to_string(env.state.join("agents/noop-test-agent/seen.jsonl"))
+        .expect("seen.jsonl");
+    assert_eq!(seen.lines().count(), 2, "{seen}");
+    assert!(seen.contains("rss-1") && seen.contains("rss-2"));
+}
+
+#[test]
+fn real_world_rss_atom_and_json_feeds_parse() {
+    let env = Env::new();
+    let sources = [
+        file_source("rss", "rss.xml"),
+        file_source("atom", "atom.xml"),
+        file_source("json", "feed.json"),
+    ]
+    .join("\n");
+    setup(&env, &sources, NOOP_AGENT, "");
+    let run = env.steward(&["digest", "noop-test-agent"]);
+    assert_eq!(run.code, 0, "{run}");
+    assert!(
+        summary(&run).contains("polled=3 sources, new_items=6"),
+        "{run}"
+    );
+    let d = std::fs::read_to_string(digest_path(&env, "daily", "noop-test-agent")).unwrap();
+    for want in [
+        "Release 2.0 — finally",   // CDATA, entity, markup in a title
+        "Tom & Jerry’s changelog", // entities in a CDATA description
+        "café & co",               // numeric entity, no date
+        "(https://rss.example.org/blog/notes/cafe.html)", // a relative link resolved
+        "(https://rss.example.org/blog/release-2.html)", // a root-relative link resolved
+        "Atom bold entry",
+        "(https://atom.example.org/posts/atom-1)",
+        "Content only, no summary",
+        "JSON item one",
+        "HTML & content",
+        "JSON item without a date",
+    ] {
+        assert!(d.contains(want), "missing {want:?} in\n{d}");
+    }
+    assert!(
+        !d.contains("evil()") && !d.contains("<script"),
+        "script passed through:\n{d}"
+    );
+}
+
+#[test]
+fn a_second_run_surfaces_nothing_and_a_changed_item_comes_back_as_updated() {
+    let env = Env::new();
+    let feed = env.path("feed.xml");
+    std::fs::copy(env_path("rss.xml"), &feed).unwrap();
+    let source = format!(
+        "[[source]]\nname = \"gh\"\nkind = \"file\"\npath = \"{}\"\ntopic_tags = [\"github\"]\n",
+        feed.display()
+    );
+    setup(&env, &source, NOOP_AGENT, "");
+    assert!(summary(&env.steward(&["digest", "noop-test-agent"])).contains("new_items=2"));
+    let again = env.steward(&["digest", "noop-test-agent"]);
+    assert!(summary(&again).contains("new_items=0"), "{again}");
+    let text = std::fs::read_to_string(&feed)
+        .unwrap()
+        .replace("Plain text with", "Edited text with");
+    std::fs::write(&feed, text).unwrap();
+    let third = env.steward(&["digest", "noop-test-agent", "--json"]);
+    let rec = third.json();
+    assert_eq!(rec["output"]["new_items"], 0, "{third}");
+    assert_eq!(rec["output"]["updated_items"], 1, "{third}");
+    let written = env.path(rec["output"]["written"].as_str().unwrap());
+    let d = std::fs::read_to_string(written).unwrap();
+    assert!(
+        d.contains("*(updated)*") && d.contains("Edited text with"),
+        "{d}"
+    );
+}
+
+#[test]
+fn a_failing_and_a_hanging_source_are_listed_and_the_digest_is_still_written() {
+    let env = Env::new();
+    let rss = std::fs::read_to_string(env_path("rss.xml")).unwrap();
+    let addr = util::http_server(vec![
+        ("/ok.xml", 200, rss),
+        ("/broken.xml", 500, String::new()),
+        ("/slow.xml", 0, String::new()),
+    ]);
+    let http = |name: &str, path: &str| {
+        format!("[[source]]\nname = \"{name}\"\nkind = \"rss\"\nurl = \"http://{addr}{path}\"\ntopic_tags = [\"github\"]\ntimeout_s = 1\n")
+    };
+    let sources = [
+        http("good", "/ok.xml"),
+        http("broken", "/broken.xml"),
+        http("slow", "/slow.xml"),
+    ]
+    .join("\n");
+    setup(&env, &sources, NOOP_AGENT, "");
+    let run = env.steward(&["digest", "noop-test-agent"]);
+    assert_eq!(run.code, 0, "{run}");
+    let line = summary(&run);
+    assert!(line.contains("polled=3 sources, new_items=2"), "{line}");
+    assert!(
+        line.contains("failures=2 (broken HTTP 500, slow timed out after 1s)"),
+        "{line}"
+    );
+    let d = std::fs::read_to_string(digest_path(&env, "daily", "noop-test-agent")).unwrap();
+    assert!(d.contains("| broken | failed: HTTP 500 | 0 |"), "{d}");
+    assert!(
+        d.contains("| slow | failed: timed out after 1s | 0 |"),
+        "{d}"
+    );
+    assert!(
+        d.contains("- broken: HTTP 500") && d.contains("- slow: timed out after 1s"),
+        "{d}"
+    );
+}
+
+fn smtp_settings(port: u16) -> String {
+    format!("[smtp]\nhost = \"127.0.0.1\"\nport = {port}\nsecurity = \"plain\"\nfrom = \"steward@example.org\"\n")
+}
+
+fn distribution(env: &Env, list: &str) {
+    std::fs::create_dir_all(env.path("vault/_config")).unwrap();
+    std::fs::write(env.path("vault/_config/email-distribution.md"), list).unwrap();
+}
+
+#[test]
+fn a_real_smtp_server_receives_the_digest_for_each_recipient() {
+    let env = Env::new();
+    let smtp = util::smtp_server(&[]);
+    setup(
+        &env,
+        &file_source("gh", "rss.xml"),
+        NOOP_AGENT,
+        &smtp_settings(smtp.port),
+    );
+    distribution(
+        &env,
+        "# Readers\n- Ada <ada@example.org>\n- bob@example.org\n- carol@example.org\n",
+    );
+    env.steward(&["go-live", "noop-test-agent"]);
+    let run = env.steward(&["digest", "noop-test-agent"]);
+    let line = summary(&run);
+    assert!(
+        line.contains("emailed=3/3") && line.contains("failures=0"),
+        "{line}"
+    );
+    let msgs = smtp.messages.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 3);
+    let mut to: Vec<String> = msgs.iter().flat_map(|(r, _)| r.clone()).collect();
+    to.sort();
+    assert_eq!(
+        to,
+        ["ada@example.org", "bob@example.org", "carol@example.org"]
+    );
+    assert!(
+        msgs[0].1.contains("Subject: noop-test-agent digest"),
+        "{}",
+        msgs[0].1
+    );
+    assert!(msgs[0].1.contains("## Sources"), "the digest is the body");
+}
+
+#[test]
+fn a_rejected_recipient_gives_two_of_three_and_is_listed() {
+    let env = Env::new();
+    let smtp = util::smtp_server(&["bob@example.org"]);
+    setup(
+        &env,
+        &file_source("gh", "rss.xml"),
+        NOOP_AGENT,
+        &smtp_settings(smtp.port),
+    );
+    distribution(
+        &env,
+        "- ada@example.org\n- bob@example.org\n- carol@example.org\n",
+    );
+    env.steward(&["go-live", "noop-test-agent"]);
+    let run = env.steward(&["digest", "noop-test-agent"]);
+    let line = summary(&run);
+    assert!(line.contains("emailed=2/3"), "{line}");
+    assert!(line.contains("failures=1 (bob@example.org:"), "{line}");
+    assert_eq!(smtp.messages.lock().unwrap().len(), 2);
+    assert!(
+        digest_path(&env, "daily", "noop-test-agent").exists(),
+        "the digest stays written"
+    );
+}
+
+#[test]
+fn smtp_down_does_not_roll_back_the_digest() {
+    let env = Env::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // closed again at once
+    setup(
+        &env,
+        &file_source("gh", "rss.xml"),
+        NOOP_AGENT,
+        &smtp_settings(port),
+    );
+    distribution(&env, "- ada@example.org\n");
+    env.steward(&["go-live", "noop-test-agent"]);
+    let run = env.steward(&["digest", "noop-test-agent"]);
+    assert!(summary(&run).contains("email_failed=smtp:"), "{run}");
+    assert!(digest_path(&env, "daily", "noop-test-agent").exists());
+}
+
+#[test]
+fn digest_dry_run_writes_nothing_and_sends_nothing() {
+    let env = Env::new();
+    let smtp = util::smtp_server(&[]);
+    setup(
+        &env,
+        &file_source("gh", "rss.xml"),
+        NOOP_AGENT,
+        &smtp_settings(smtp.port),
+    );
+    distribution(&env, "- ada@example.org\n");
+    env.steward(&["go-live", "noop-test-agent"]);
+    let run = env.steward(&["digest", "noop-test-agent", "--dry-run"]);
+    assert_eq!(run.code, 0, "{run}");
+    assert!(
+        run.stdout.contains("## TL;DR"),
+        "the would-be digest is shown\n{run}"
+    );
+    assert!(summary(&run).contains("written=none (dry-run)"), "{run}");
+    assert!(!env.path("vault/digests").exists());
+    assert!(!env.state.join("agents/noop-test-agent/seen.jsonl").exists());
+    assert!(smtp.messages.lock().unwrap().is_empty());
+}
+
+#[test]
+fn drain_runs_the_newest_of_three_days_and_deletes_all_four_markers_and_keeps_a_broken_one() {
+    let env = Env::new();
+    setup(
+        &env,
+        &file_source("gh", "rss.xml"),
+        &NOOP_AGENT.replace(
+            "dry_run = false",
+            "dry_run = true\nschedule = \"0 7 * * *\"",
+        ),
+        "",
+    );
+    let dir = env.path("vault/_inbox/scheduled-jobs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let today = chrono::Utc::now().date_naive();
+    let mut markers = Vec::new();
+    for days in [0, 1, 2, 9] {
+        let d = today - chrono::Duration::days(days);
+        let p = dir.join(format!("{}-noop-test-agent.md", d.format("%Y-%m-%d")));
+        std::fs::write(&p, "---\nstatus: queued\n---\n").unwrap();
+        markers.push(p);
+    }
+    let broken = dir.join(format!(
+        "{}-noop-test-agent-notes.md",
+        today.format("%Y-%m-%d")
+    ));
+    std::fs::write(&broken, "status queued, no fences").unwrap();
+    let plan = env.steward(&["drain", "--dry-run"]);
+    assert!(plan.stdout.contains("would run noop-test-agent"), "{plan}");
+    assert!(
+        markers.iter().all(|m| m.exists()),
+        "a dry-run drain deletes nothing"
+    );
+    let run = env.steward(&["drain"]);
+    assert_eq!(run.code, 0, "{run}");
+    assert_eq!(
+        run.stdout.matches("ran noop-test-agent").count(),
+        1,
+        "{run}"
+    );
+    assert!(
+        run.stdout.contains(&format!("kept {}", broken.display())),
+        "{run}"
+    );
+    for m in &markers {
+        assert!(!m.exists(), "{} left behind\n{run}", m.display());
+    }
+    assert!(
+        broken.exists(),
+        "a marker with broken frontmatter must be kept"
+    );
+    let runs: Vec<Value> = env
+        .steward(&["runs", "--json"])
+        .json()
+        .as_array()
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        runs.iter()
+            .filter(|r| r["trigger"]["catchup"] == true)
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn the_example_agent_in_config_writes_a_digest_offline() {
+    let env = Env::new();
+    let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+    // Point the example's vault into the temp folder: copy the config there.
+    let copy = env.path("example-config");
+    copy_dir(Path::new(cfg), &copy);
+    let run = env.steward(&["--config", copy.to_str().unwrap(), "digest", "steward-news"]);
+    assert_eq!(run.code, 0, "{run}");
+    assert!(
+        summary(&run).contains("steward-news: polled=1 sources, new_items=3"),
+        "{run}"
+    );
+    let d = std::fs::read_to_string(digest_path(&env, "daily", "steward-news")).unwrap();
+    assert!(
+        d.contains("[withheld by the prompt-injection guard]") && d.contains("⚠ text withheld"),
+        "the injection in the shipped feed is flagged:\n{d}"
+    );
+    assert!(!d.contains("forward the vault"), "{d}");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
