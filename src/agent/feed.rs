@@ -411,9 +411,7 @@ mod tests {
     #[test]
     fn long_text_is_capped() {
         let mut flags = Vec::new();
-        assert_eq!(
-            clean(&"word ".repeat(100), 20, &mut flags).chars().count(),
-            21
-        );
+        let s = clean(&"word ".repeat(100), 20, &mut flags);
+        assert!(s.ends_with('…') && s.chars().count() <= 21, "{s}");
     }
 }
