@@ -431,3 +431,74 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+#[test]
+fn command_sources_claims_and_a_template_override_work_together() {
+    let env = Env::new();
+    let feed = std::fs::read_to_string(env_path("feed.json")).unwrap();
+    std::fs::write(env.path("feed.json"), feed).unwrap();
+    let script = env.script(
+        "cat-feed.sh",
+        &format!("cat {}\n", env.path("feed.json").display()),
+    );
+    // The extractor makes one load-bearing claim per item; the verifier accepts only "one".
+    env.script("extract.sh", "sed -n 's/.*/[{\"claim\": \"item one shipped\", \"loadbearing\": true}, {\"claim\": \"item two shipped\", \"loadbearing\": true}, {\"claim\": \"colour\", \"loadbearing\": false}]/p' | head -1\n");
+    env.script("verify-claim.sh", "grep -q 'one' && exit 0\nexit 1\n");
+    std::fs::write(
+        env.config.join("digest.md.j2"),
+        "{% extends \"digest.md\" %}{% block tldr %}CUSTOM TLDR for {{ agent }}: {{ counts.new }} new\n{% endblock %}",
+    )
+    .unwrap();
+    let sources = format!("[[source]]\nname = \"cmd\"\nkind = \"command\"\ncommand = [\"{script}\"]\ntopic_tags = [\"github\"]\n");
+    let agent = "agent_name = \"claimy\"\ncadence = \"weekly\"\nverify_loadbearing = true\ncurate_findings = true\n[source_filter]\ntopic_tags = [\"github\"]\n[claims]\nextract = [\"scripts/extract.sh\"]\nverify = [\"scripts/verify-claim.sh\"]\n[digest_template_overrides]\ntemplate = \"digest.md.j2\"\n";
+    setup(&env, &sources, agent, "");
+    let run = env.steward(&["digest", "claimy"]);
+    assert_eq!(run.code, 0, "{run}");
+    let line = summary(&run);
+    assert!(line.contains("new_items=2, verified=1"), "{line}");
+    assert!(
+        line.contains("failures=1 (verify_loadbearing refuted: item two shipped)"),
+        "{line}"
+    );
+    let d = std::fs::read_to_string(digest_path(&env, "weekly", "claimy")).unwrap();
+    assert!(d.contains("CUSTOM TLDR for claimy: 2 new"), "{d}");
+    assert!(d.contains("## Sources"), "blocks not overridden stay: {d}");
+    let staged = std::fs::read_dir(env.path("vault/_inbox/claimy"))
+        .unwrap()
+        .count();
+    assert_eq!(staged, 2, "curated findings");
+}
+
+#[test]
+fn a_run_with_no_new_items_still_writes_a_digest_that_says_so() {
+    let env = Env::new();
+    let empty = env.path("empty.xml");
+    std::fs::write(&empty, "<?xml version=\"1.0\"?><rss version=\"2.0\"><channel><title>quiet</title><link>https://q.example.org/</link><description>d</description></channel></rss>").unwrap();
+    let source = format!(
+        "[[source]]\nname = \"quiet\"\nkind = \"file\"\npath = \"{}\"\ntopic_tags = [\"github\"]\n",
+        empty.display()
+    );
+    setup(&env, &source, NOOP_AGENT, "");
+    let run = env.steward(&["digest", "noop-test-agent"]);
+    assert!(summary(&run).contains("new_items=0"), "{run}");
+    let d = std::fs::read_to_string(digest_path(&env, "daily", "noop-test-agent")).unwrap();
+    assert!(
+        d.contains("No new items") && d.contains("| quiet | ok | 0 |"),
+        "{d}"
+    );
+}
+
+#[test]
+fn a_broken_agent_config_names_file_and_line() {
+    let env = Env::new();
+    setup(
+        &env,
+        &file_source("gh", "rss.xml"),
+        &NOOP_AGENT.replace("cadence = \"daily\"", "cadence = \"hourly\""),
+        "",
+    );
+    let out = env.steward(&["validate"]);
+    assert_eq!(out.code, 1, "{out}");
+    assert!(out.stderr.contains("noop-test-agent.toml:2:"), "{out}");
+    assert!(out.stderr.contains("unknown variant `hourly`"), "{out}");
+}
