@@ -296,7 +296,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let daemon_mode = matches!(cli.command, Command::Daemon(_));
     if !daemon_mode {
-        init_tracing(None);
+        init_tracing(None, "warn");
     }
     match run_cli(cli) {
         Ok(code) => code,
@@ -308,11 +308,10 @@ pub fn main() -> i32 {
 }
 
 /// Logs go to stderr (journald reads them there), and to rolling files with `--log-dir`.
-pub fn init_tracing(log_dir: Option<&Path>) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+pub fn init_tracing(log_dir: Option<&Path>, default: &str) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
-    let default = if log_dir.is_some() { "info" } else { "warn" };
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_env("STEWARD_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
@@ -360,7 +359,8 @@ fn run_cli(cli: Cli) -> Result<i32> {
     } = cli;
     match command {
         Command::Daemon(args) => {
-            let _guard = init_tracing(args.log_dir.as_deref());
+            // A daemon says what it does (start, reloads, fires skipped); a command stays quiet.
+            let _guard = init_tracing(args.log_dir.as_deref(), "info");
             daemon::run_blocking(daemon::Options {
                 config_dir: config,
                 state_dir: state,
