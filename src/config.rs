@@ -390,6 +390,8 @@ pub struct Config {
     pub agents: BTreeMap<String, crate::agent::config::Agent>,
     /// The source registry (`sources.toml`).
     pub sources: Vec<crate::agent::config::Source>,
+    /// Agencies by id.
+    pub agencies: BTreeMap<String, crate::agency::Agency>,
 }
 
 impl Config {
@@ -436,6 +438,7 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
         workflows: BTreeMap::new(),
         agents: BTreeMap::new(),
         sources: Vec::new(),
+        agencies: BTreeMap::new(),
     };
     let settings_file = root.join("steward.toml");
     if settings_file.exists() {
@@ -507,6 +510,7 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
     }
     config.agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
     config.sources = sources;
+    config.agencies = crate::agency::config::load(root, &config.workflows, &mut errors);
     if errors.is_empty() {
         Ok(config)
     } else {

@@ -21,6 +21,7 @@
 //! policy and a global cap, missed schedules are caught up through queue markers
 //! ([`drain`]), and operators reach it through the [`control_socket`].
 
+pub mod agency;
 pub mod agent;
 pub mod budget;
 pub mod cli;

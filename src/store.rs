@@ -212,6 +212,7 @@ pub struct Store {
     review: sled::Tree,
     approvals: sled::Tree,
     meta: sled::Tree,
+    case_events: sled::Tree,
 }
 
 impl Store {
@@ -239,6 +240,7 @@ impl Store {
             review: db.open_tree("review")?,
             approvals: db.open_tree("approvals")?,
             meta: db.open_tree("meta")?,
+            case_events: db.open_tree("case_events")?,
             db,
         };
         let recovery = store.recover()?;
@@ -335,6 +337,72 @@ impl Store {
 
     pub fn set_last_slot(&self, workflow: &str, slot: DateTime<Utc>) -> Result<()> {
         self.put(&self.meta, &format!("last_slot/{workflow}"), &slot)
+    }
+
+    // ---- agency case events ----
+
+    fn case_key(case: &str, version: u64) -> Vec<u8> {
+        let mut k = case.as_bytes().to_vec();
+        k.push(0);
+        k.extend_from_slice(&version.to_be_bytes());
+        k
+    }
+
+    /// The raw events of a case, in version order.
+    pub fn case_events(&self, case: &str) -> Result<Vec<(u64, Vec<u8>)>> {
+        let mut prefix = case.as_bytes().to_vec();
+        prefix.push(0);
+        self.case_events
+            .scan_prefix(&prefix)
+            .map(|item| {
+                let (k, v) = item?;
+                let mut ver = [0u8; 8];
+                ver.copy_from_slice(&k[k.len().saturating_sub(8)..]);
+                Ok((u64::from_be_bytes(ver), v.to_vec()))
+            })
+            .collect()
+    }
+
+    /// Appends event `version` of a case only if that version is free (compare-and-swap):
+    /// Ok(false) is a version conflict, someone else appended first. Flushed when Ok(true).
+    pub fn append_case_event(&self, case: &str, version: u64, event: &[u8]) -> Result<bool> {
+        let key = Self::case_key(case, version);
+        match self
+            .case_events
+            .compare_and_swap(&key, None as Option<&[u8]>, Some(event))?
+        {
+            Ok(()) => {
+                self.flush()?;
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Overwrites a stored event as is. Only for tests of tamper detection.
+    #[doc(hidden)]
+    pub fn overwrite_case_event_for_tests(
+        &self,
+        case: &str,
+        version: u64,
+        event: &[u8],
+    ) -> Result<()> {
+        self.case_events
+            .insert(Self::case_key(case, version), event)?;
+        self.flush()
+    }
+
+    /// Every case id with at least one event.
+    pub fn case_ids(&self) -> Result<Vec<String>> {
+        let mut out: Vec<String> = Vec::new();
+        for item in self.case_events.iter().keys() {
+            let k = item?;
+            let id = String::from_utf8_lossy(&k[..k.len().saturating_sub(9)]).into_owned();
+            if out.last() != Some(&id) {
+                out.push(id);
+            }
+        }
+        Ok(out)
     }
 
     // ---- idempotency keys ----

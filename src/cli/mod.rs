@@ -95,6 +95,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Agency cases: a standing team advanced one governed turn at a time
+    #[command(subcommand)]
+    Case(CaseCmd),
     /// Work off the queue markers of missed scheduled runs (vault/_inbox/scheduled-jobs/)
     Drain {
         /// Only say what would run and what would be deleted
@@ -226,6 +229,54 @@ pub enum DeadLetterCmd {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum CaseCmd {
+    /// Open a case for an agency: its mandate, roster and limits are snapshotted into it
+    Open {
+        /// The agency's id (config/agencies/*.toml)
+        #[arg(long)]
+        agency: String,
+        /// The new case's id
+        #[arg(long = "case")]
+        case_id: String,
+        /// JSON that started the case (kept in the case)
+        #[arg(long, value_name = "JSON")]
+        signal: Option<String>,
+    },
+    /// One turn: fold, check the limits, ask the planner, append the turn, dispatch.
+    /// Exit codes: 0 advanced/resolved/awaiting/needs-input, 4 refused, 5 failed, 10 version conflict
+    Advance {
+        case_id: String,
+        /// Who drives this turn (part of the turn's key)
+        #[arg(long)]
+        driver: String,
+        /// The dispatched member's outcome, run by hand: JSON {run_id, state, output, spend_usd}
+        #[arg(long, value_name = "FILE")]
+        member_result: Option<PathBuf>,
+        /// Run the dispatched member now, as its own governed run
+        #[arg(long)]
+        run: bool,
+        /// Print the agency_turn as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Grant the move a case is waiting on
+    Approve { case_id: String },
+    /// The folded case
+    Status {
+        case_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay the case's hash chain; report the first broken link
+    Verify { case_id: String },
+    /// Every case with its agency, status, turns and spend
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum InDoubtCmd {
     /// Keys whose run was interrupted between reserve and commit
     List {
@@ -308,7 +359,10 @@ pub fn main() -> i32 {
 }
 
 /// Logs go to stderr (journald reads them there), and to rolling files with `--log-dir`.
-pub fn init_tracing(log_dir: Option<&Path>, default: &str) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+pub fn init_tracing(
+    log_dir: Option<&Path>,
+    default: &str,
+) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
@@ -480,6 +534,7 @@ async fn handle(ctx: &Ctx, command: Command, out: &mut String) -> Result<i32> {
             Ok(rec.state.exit_code())
         }
         Command::Drain { dry_run } => drain(ctx, dry_run, out).await,
+        Command::Case(cmd) => case(ctx, cmd, out).await,
         Command::Status { json } => {
             let d = ctx.daemon.as_ref().ok_or_else(|| anyhow!("no daemon"))?;
             let status = d.status()?;
@@ -664,6 +719,201 @@ async fn run_in_foreground(
     let rec = engine.execute_until(wf, fire, live, &cancel).await;
     watcher.abort();
     Ok(rec?)
+}
+
+async fn case(ctx: &Ctx, cmd: CaseCmd, out: &mut String) -> Result<i32> {
+    use crate::agency::{self, CaseError};
+    let engine = &ctx.engine;
+    match cmd {
+        CaseCmd::Open {
+            agency: agency_id,
+            case_id,
+            signal,
+        } => {
+            let cfg = ctx.config()?;
+            let a = cfg.agencies.get(&agency_id).ok_or_else(|| {
+                anyhow!(
+                    "no agency `{agency_id}` in {}",
+                    cfg.root.join("agencies").display()
+                )
+            })?;
+            let signal = signal
+                .map(|s| parse_json("--signal", &s))
+                .transpose()?
+                .unwrap_or(serde_json::Value::Null);
+            let c = agency::open(engine, a, &case_id, signal)?;
+            wln!(
+                out,
+                "case {} opened for {}: {} ({} members, limits: {} turns, {} acts, {:.2} USD)",
+                c.case_id,
+                a.id,
+                a.mandate,
+                a.roster.len(),
+                a.limits.max_turns,
+                a.limits.max_acts,
+                a.limits.max_spend_usd
+            );
+            Ok(0)
+        }
+        CaseCmd::Advance {
+            case_id,
+            driver,
+            member_result,
+            run,
+            json,
+        } => {
+            let cfg = ctx.config()?;
+            let receipt = match member_result {
+                Some(file) => {
+                    let text = std::fs::read_to_string(&file)
+                        .with_context(|| format!("cannot read {}", file.display()))?;
+                    let v: serde_json::Value = serde_json::from_str(&text)
+                        .with_context(|| format!("{} is not JSON", file.display()))?;
+                    Some(agency::Receipt {
+                        turn: 0,
+                        member: String::new(),
+                        run_id: v["run_id"]
+                            .as_str()
+                            .ok_or_else(|| {
+                                anyhow!("{}: run_id is required (the receipt)", file.display())
+                            })?
+                            .to_string(),
+                        state: v["state"].as_str().unwrap_or("success").to_string(),
+                        output: v["output"].clone(),
+                        spend_usd: v["spend_usd"].as_f64().unwrap_or(0.0).max(0.0),
+                    })
+                }
+                None => None,
+            };
+            match agency::advance(engine, &cfg, &case_id, &driver, receipt, run).await {
+                Ok(t) => {
+                    if json {
+                        wln!(
+                            out,
+                            "{}",
+                            serde_json::to_string_pretty(&json!({ "agency_turn": t }))?
+                        );
+                    } else {
+                        wln!(out, "{}", agency::render(&t));
+                    }
+                    Ok(match t.status.as_str() {
+                        "refused" => 4,
+                        "failed" => 5,
+                        _ => 0,
+                    })
+                }
+                Err(e @ CaseError::Conflict { .. }) => {
+                    wln!(
+                        out,
+                        "{}",
+                        serde_json::to_string(
+                            &json!({ "error": "version_conflict", "message": e.to_string() })
+                        )?
+                    );
+                    Ok(10)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        CaseCmd::Approve { case_id } => {
+            let c = agency::approve(
+                engine,
+                &case_id,
+                &std::env::var("USER").unwrap_or_else(|_| "operator".into()),
+            )?;
+            wln!(
+                out,
+                "case {} approved at turn {}: the next advance dispatches the waiting move",
+                c.case_id,
+                c.turns
+            );
+            Ok(0)
+        }
+        CaseCmd::Status { case_id, json } => {
+            let (c, _) =
+                agency::load(engine, &case_id)?.ok_or_else(|| anyhow!("no case {case_id}"))?;
+            if json {
+                wln!(out, "{}", serde_json::to_string_pretty(&c)?);
+            } else {
+                wln!(
+                    out,
+                    "case {} ({}): {:?} · turn {} · acts {}/{} · spend {:.2}/{:.2} USD",
+                    c.case_id,
+                    c.agency.id,
+                    c.status,
+                    c.turns,
+                    c.acts,
+                    c.agency.limits.max_acts,
+                    c.spend_usd,
+                    c.agency.limits.max_spend_usd
+                );
+                for r in &c.receipts {
+                    wln!(
+                        out,
+                        "  turn {} {}: run {} {} ({:.2} USD)",
+                        r.turn,
+                        r.member,
+                        r.run_id,
+                        r.state,
+                        r.spend_usd
+                    );
+                }
+            }
+            Ok(0)
+        }
+        CaseCmd::Verify { case_id } => {
+            let raw = engine.store.case_events(&case_id)?;
+            if raw.is_empty() {
+                bail!("no case {case_id}");
+            }
+            let n = raw.len();
+            let events: Result<Vec<agency::Event>, String> = raw
+                .into_iter()
+                .map(|(v, b)| {
+                    serde_json::from_slice(&b).map_err(|e| format!("event {v}: unreadable ({e})"))
+                })
+                .collect();
+            match events.and_then(|e| agency::verify_chain(&e)) {
+                Ok(()) => {
+                    wln!(out, "case {case_id}: {n} events, chain intact");
+                    Ok(0)
+                }
+                Err(e) => {
+                    wln!(out, "case {case_id}: broken link at {e}");
+                    Ok(1)
+                }
+            }
+        }
+        CaseCmd::List { json } => {
+            let mut rows = Vec::new();
+            for id in engine.store.case_ids()? {
+                match agency::load(engine, &id) {
+                    Ok(Some((c, _))) => rows.push(json!({ "case_id": id, "agency": c.agency.id, "status": c.status, "turns": c.turns, "acts": c.acts, "spend_usd": c.spend_usd })),
+                    Ok(None) => {}
+                    Err(e) => rows.push(json!({ "case_id": id, "status": "unreadable", "error": e.to_string() })),
+                }
+            }
+            if json {
+                wln!(out, "{}", serde_json::to_string_pretty(&rows)?);
+            } else if rows.is_empty() {
+                wln!(out, "no cases");
+            } else {
+                for r in rows {
+                    wln!(
+                        out,
+                        "{:<24} {:<20} {:<18} turns {} acts {} spend {}",
+                        r["case_id"].as_str().unwrap_or(""),
+                        r["agency"].as_str().unwrap_or(""),
+                        r["status"].as_str().unwrap_or(""),
+                        r["turns"],
+                        r["acts"],
+                        r["spend_usd"]
+                    );
+                }
+            }
+            Ok(0)
+        }
+    }
 }
 
 /// `steward drain`: per job, run the newest unexpired marker, then delete it and the older

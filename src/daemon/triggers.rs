@@ -50,6 +50,40 @@ fn key(wf: &Workflow) -> String {
     )
 }
 
+/// Advances each open case of `agency` until it stops (bounded by its turn limit).
+async fn drive_agency(shared: &Arc<Shared>, agency: &str) {
+    let config = shared.config();
+    let engine = &shared.engine;
+    let ids = match engine.store.case_ids() {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::error!(agency, "cannot list cases: {e}");
+            return;
+        }
+    };
+    for id in ids {
+        let Ok(Some((case, _))) = crate::agency::load(engine, &id) else {
+            continue;
+        };
+        if case.agency.id != agency || !matches!(case.status, crate::agency::CaseStatus::Open) {
+            continue;
+        }
+        for _ in 0..=case.agency.limits.max_turns {
+            match crate::agency::advance(engine, &config, &id, "daemon", None, true).await {
+                Ok(t) if t.status == "advanced" => continue,
+                Ok(t) => {
+                    tracing::info!(agency, case = %id, status = %t.status, "case stopped: {}", t.reason.unwrap_or_default());
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(agency, case = %id, "advance: {e}");
+                    break;
+                }
+            }
+        }
+    }
+}
+
 /// What a queue or file task calls per fire: runs it and resolves to its record.
 fn submitter(
     shared: Arc<Shared>,
@@ -95,7 +129,7 @@ impl Triggers {
             .map(|w| (key(w), w))
             .collect();
         self.tasks.retain(|k, t| {
-            let keep = wanted.contains_key(k);
+            let keep = wanted.contains_key(k) || k.starts_with("agency|");
             if !keep {
                 t.cancel.cancel();
             }
@@ -127,6 +161,42 @@ impl Triggers {
                 }
             }
         }
+        // Agencies with a schedule: the daemon drives their open cases.
+        for agency in config.agencies.values() {
+            let Some(spec) = &agency.trigger.schedule else {
+                continue;
+            };
+            let k = format!(
+                "agency|{}|{}",
+                agency.id,
+                serde_json::to_string(spec).unwrap_or_default()
+            );
+            if !self.tasks.contains_key(&k) {
+                if let Some(task) = self.spawn_agency_driver(&agency.id, spec) {
+                    self.tasks.insert(k, task);
+                }
+            }
+        }
+        let agency_keys: std::collections::HashSet<String> = config
+            .agencies
+            .values()
+            .filter_map(|a| {
+                a.trigger.schedule.as_ref().map(|s| {
+                    format!(
+                        "agency|{}|{}",
+                        a.id,
+                        serde_json::to_string(s).unwrap_or_default()
+                    )
+                })
+            })
+            .collect();
+        self.tasks.retain(|k, t| {
+            let keep = !k.starts_with("agency|") || agency_keys.contains(k);
+            if !keep {
+                t.cancel.cancel();
+            }
+            keep
+        });
         let any_webhook = !routes.is_empty();
         *self.routes.write().unwrap_or_else(|p| p.into_inner()) = routes;
         if any_webhook && self.webhook_server.is_none() {
@@ -229,6 +299,50 @@ impl Triggers {
             }
             Trigger::Webhook(_) | Trigger::Manual => return None,
         };
+        Some(Task { cancel, handle })
+    }
+
+    /// On each slot, advances every open case of the agency (running its members) until
+    /// it stops: awaiting approval, needing input, resolved or failed.
+    fn spawn_agency_driver(
+        &self,
+        agency: &str,
+        spec: &crate::config::ScheduleTrigger,
+    ) -> Option<Task> {
+        let sched = schedule::Schedule::parse(spec).ok()?;
+        let shared = self.shared.clone();
+        let store = shared.engine.store.clone();
+        let slot_key = format!("agency:{agency}");
+        let last = store.last_slot(&slot_key).ok().flatten();
+        let persist: Arc<dyn Fn(DateTime<Utc>) -> bool + Send + Sync> = Arc::new(move |slot| {
+            store
+                .set_last_slot(&slot_key, slot)
+                .and_then(|_| store.flush())
+                .is_ok()
+        });
+        let running = Arc::new(tokio::sync::Mutex::new(()));
+        let id = agency.to_string();
+        let on_fire: schedule::OnFire = Arc::new(move |_slot| {
+            let shared = shared.clone();
+            let id = id.clone();
+            let running = running.clone();
+            tokio::spawn(async move {
+                // One drive at a time per agency; a slot that finds one going is skipped.
+                let Ok(_guard) = running.try_lock() else {
+                    return;
+                };
+                drive_agency(&shared, &id).await;
+            });
+        });
+        let cancel = CancellationToken::new();
+        let handle = tokio::spawn(schedule::run(
+            self.scheduler.clone(),
+            sched,
+            last,
+            persist,
+            on_fire,
+            cancel.clone(),
+        ));
         Some(Task { cancel, handle })
     }
 

@@ -1,0 +1,157 @@
+//! Agency configs, `config/agencies/*.toml`: the mandate, the roster (each member, the
+//! workflow it runs and its scope ceiling), the cumulative limits, the planner command,
+//! which moves need approval, and the human to escalate to. All of it is operator
+//! config: snapshotted into a case when it opens, never invented by the planner.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{read_toml, ConfigError, ScheduleTrigger, Workflow};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    pub name: String,
+    /// The workflow this member runs (its id).
+    pub workflow: String,
+    /// The scope ceiling: a dispatch may need these scopes and no others.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    pub max_turns: u64,
+    pub max_acts: u64,
+    pub max_spend_usd: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRules {
+    /// Dispatches to these members wait for `steward case approve`.
+    #[serde(default)]
+    pub members: Vec<String>,
+    /// Dispatches needing any of these scopes wait too.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgencyTrigger {
+    #[serde(default)]
+    pub schedule: Option<ScheduleTrigger>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Agency {
+    pub id: String,
+    pub mandate: String,
+    pub planner: Vec<String>,
+    pub escalation_contact: String,
+    pub limits: Limits,
+    pub roster: Vec<Member>,
+    #[serde(default)]
+    pub approval: ApprovalRules,
+    #[serde(default)]
+    pub trigger: AgencyTrigger,
+    /// Seconds the planner may take.
+    #[serde(default)]
+    pub planner_timeout_s: Option<u64>,
+    #[serde(skip)]
+    pub file: PathBuf,
+}
+
+/// Loads `agencies/*.toml`; a roster member must name a workflow of `workflows`.
+pub fn load(
+    root: &Path,
+    workflows: &BTreeMap<String, Workflow>,
+    errors: &mut Vec<ConfigError>,
+) -> BTreeMap<String, Agency> {
+    let mut out = BTreeMap::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("agencies"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    for file in files {
+        let mut a: Agency = match read_toml(&file) {
+            Ok((a, _)) => a,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
+        a.file = file.clone();
+        let mut problems = Vec::new();
+        if !crate::config::valid_id(&a.id) {
+            problems.push(format!(
+                "id `{}` is not allowed: use 1-64 of a-z, 0-9, `-`, `_`",
+                a.id
+            ));
+        }
+        if a.planner.is_empty() {
+            problems.push("planner is empty: give the command that proposes the next move".into());
+        }
+        if a.roster.is_empty() {
+            problems.push("roster is empty: an agency needs at least one member".into());
+        }
+        if !(a.limits.max_spend_usd.is_finite() && a.limits.max_spend_usd >= 0.0) {
+            problems.push("limits.max_spend_usd must be zero or more".into());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for m in &a.roster {
+            if !names.insert(m.name.clone()) {
+                problems.push(format!("roster member `{}` appears twice", m.name));
+            }
+            if !workflows.contains_key(&m.workflow) {
+                problems.push(format!(
+                    "roster member `{}` runs workflow `{}`, which is not in the config",
+                    m.name, m.workflow
+                ));
+            }
+        }
+        for m in &a.approval.members {
+            if !names.contains(m) {
+                problems.push(format!(
+                    "approval.members names `{m}`, who is not on the roster"
+                ));
+            }
+        }
+        if let Some(s) = &a.trigger.schedule {
+            if let Err(e) = crate::trigger::schedule::Schedule::parse(s) {
+                problems.push(e);
+            }
+        }
+        if problems.is_empty() {
+            if out.contains_key(&a.id) {
+                errors.push(ConfigError {
+                    file: file.clone(),
+                    line: 1,
+                    column: 1,
+                    message: format!("agency `{}` is defined twice", a.id),
+                });
+            } else {
+                out.insert(a.id.clone(), a);
+            }
+        } else {
+            for p in problems {
+                errors.push(ConfigError {
+                    file: file.clone(),
+                    line: 1,
+                    column: 1,
+                    message: p,
+                });
+            }
+        }
+    }
+    out
+}
