@@ -385,3 +385,32 @@ fn the_daemon_drives_a_scheduled_agencys_open_case_to_resolution() {
     let status = env.steward(&["case", "status", "auto-1", "--json"]).json();
     assert_eq!(status["receipts"].as_array().unwrap().len(), 3, "{status}");
 }
+
+#[test]
+fn the_example_agency_in_config_resolves() {
+    let env = Env::new();
+    let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+    let st = |args: &[&str]| {
+        let mut all = vec!["--config", cfg];
+        all.extend_from_slice(args);
+        env.steward(&all)
+    };
+    assert_eq!(
+        st(&["case", "open", "--agency", "docs-team", "--case", "rel-2"]).code,
+        0
+    );
+    let mut last = String::new();
+    for _ in 0..4 {
+        let out = st(&[
+            "case", "advance", "rel-2", "--driver", "test", "--run", "--json",
+        ]);
+        last = out.json()["agency_turn"]["status"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        if last != "advanced" {
+            break;
+        }
+    }
+    assert_eq!(last, "resolved");
+}

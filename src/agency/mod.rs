@@ -787,10 +787,11 @@ async fn run_member(
     let remaining = (case.agency.limits.max_spend_usd - case.spend_usd).max(0.0);
     // Never widen a cap: the tighter of the workflow's and the case's remaining spend.
     wf.caps.max_cost_usd = wf.caps.max_cost_usd.min(remaining);
+    // The dispatch reaches the member as trigger.payload, like any manual payload.
     let fire = Fire::new(
         "agency",
         None,
-        json!({ "agency": case.agency.id, "case_id": case.case_id, "turn": d.turn, "member": d.member, "task": d.task, "needed_scope": d.needed_scope }),
+        json!({ "payload": { "agency": case.agency.id, "case_id": case.case_id, "turn": d.turn, "member": d.member, "task": d.task, "needed_scope": d.needed_scope } }),
     );
     let live = engine.live_status(&wf)?.is_live();
     let rec = engine.execute(&wf, fire, live).await?;
