@@ -414,3 +414,24 @@ fn the_example_agency_in_config_resolves() {
     }
     assert_eq!(last, "resolved");
 }
+
+#[test]
+fn when_no_member_can_act_the_case_escalates_naming_the_missing_input() {
+    let env = Env::new();
+    docs_agency(
+        &env,
+        "cat >/dev/null\necho '{\"action\":\"escalate\",\"missing\":\"the release date\"}'\n",
+        LIMITS_50,
+        "",
+    );
+    env.steward(&["case", "open", "--agency", "docs", "--case", "e1"]);
+    let (code, v) = advance(&env, "e1", "d", true);
+    assert_eq!(code, 0, "{v}");
+    let t = &v["agency_turn"];
+    assert_eq!(t["status"], "needs_input");
+    let reason = t["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("the release date") && reason.contains("docs-lead@example.org"),
+        "{reason}"
+    );
+}
