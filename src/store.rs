@@ -36,6 +36,13 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+static FLUSHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Durable flushes made by this process so far (what the benchmarks count per run).
+pub fn flush_count() -> u64 {
+    FLUSHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Where a run is, or how it ended. The seven terminal states of the workflow standard,
 /// plus `running` and `interrupted` (steward stopped or crashed while it ran).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -249,6 +256,7 @@ impl Store {
 
     /// Makes everything written so far durable.
     pub fn flush(&self) -> Result<()> {
+        FLUSHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.db.flush()?;
         Ok(())
     }

@@ -134,7 +134,18 @@ fn fifty_files_dropped_at_once_fire_fifty_runs_none_twice() {
     });
     std::thread::sleep(Duration::from_millis(500));
     let runs = runs_of(&env, "drop");
-    assert_eq!(runs.len(), 50);
+    assert_eq!(
+        runs.len(),
+        50,
+        "{:#?}",
+        runs.iter()
+            .map(|r| (
+                r["state"].clone(),
+                r["trigger"]["name"].clone(),
+                r["reason"].clone()
+            ))
+            .collect::<Vec<_>>()
+    );
     let shas: std::collections::HashSet<String> = runs
         .iter()
         .map(|r| r["trigger"]["sha256"].as_str().unwrap().to_string())

@@ -92,10 +92,16 @@ where
             }
             present.insert(path.clone());
             let (size, mtime) = (meta.len(), meta.modified().ok());
+            // A file last written a while ago (or renamed into place after it was
+            // written) has been stable since its mtime, not since we first saw it.
+            let quiet_for = mtime
+                .and_then(|m| SystemTime::now().duration_since(m).ok())
+                .unwrap_or(Duration::ZERO);
+            let first_seen = now.checked_sub(quiet_for).unwrap_or(now);
             let entry = seen.entry(path.clone()).or_insert(Seen {
                 size,
                 mtime,
-                since: now,
+                since: first_seen,
             });
             if entry.size != size || entry.mtime != mtime {
                 *entry = Seen {
@@ -126,7 +132,7 @@ where
         tokio::select! {
             _ = wake.notified() => {
                 // Let a burst of events settle into one scan.
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(2)).await;
             }
             _ = tokio::time::sleep(sleep) => {}
             _ = cancel.cancelled() => return,

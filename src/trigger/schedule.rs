@@ -49,6 +49,9 @@ pub enum Catchup {
     None,
 }
 
+/// How much earlier than the slot the scheduler is asked to wake a schedule's worker.
+const EARLY: Duration = Duration::from_secs(1);
+
 /// Longest span searched when listing missed fires (a year of minutely fires is too many).
 const MAX_MISSED: usize = 10_000;
 
@@ -188,7 +191,12 @@ pub async fn run(
             tracing::warn!("schedule has no further fires; its trigger stops");
             return;
         };
-        let wait = (slot - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        // Ask the scheduler to wake us a second early (it keeps whole seconds and ticks
+        // every 500 ms), then sleep the rest ourselves: the run starts on the slot.
+        let wait = (slot - Utc::now())
+            .to_std()
+            .unwrap_or(Duration::ZERO)
+            .saturating_sub(EARLY);
         let tx = tx.clone();
         let job = Job::new_one_shot_async(wait, move |_, _| {
             let tx = tx.clone();

@@ -1,0 +1,763 @@
+//! `cargo bench [-- --full]`: steward against the limits that bound it, in one run.
+//!
+//! Prints a table (figure, steward, baseline, ratio) and writes `target/bench/steward.json`.
+//! `--quick` (the default) fits in about a minute; `--full` uses the sizes the targets are
+//! stated for (about ten minutes). `--smoke` is the tiny run `.ci/run` makes so this never rots.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+struct Sizes {
+    runs: usize,
+    events: usize,
+    cron_events: usize,
+    breaches: usize,
+    workflows: usize,
+    idle_s: u64,
+    markers: usize,
+    seen: usize,
+    candidates: usize,
+    growth: (usize, usize),
+}
+
+fn sizes(mode: &str) -> Sizes {
+    match mode {
+        "full" => Sizes {
+            runs: 1000,
+            events: 200,
+            cron_events: 200,
+            breaches: 200,
+            workflows: 1000,
+            idle_s: 10,
+            markers: 10_000,
+            seen: 1_000_000,
+            candidates: 100_000,
+            growth: (1_000, 100_000),
+        },
+        "smoke" => Sizes {
+            runs: 20,
+            events: 5,
+            cron_events: 2,
+            breaches: 5,
+            workflows: 50,
+            idle_s: 1,
+            markers: 500,
+            seen: 10_000,
+            candidates: 1_000,
+            growth: (50, 200),
+        },
+        _ => Sizes {
+            runs: 200,
+            events: 40,
+            cron_events: 8,
+            breaches: 30,
+            workflows: 1000,
+            idle_s: 3,
+            markers: 10_000,
+            seen: 1_000_000,
+            candidates: 100_000,
+            growth: (1_000, 10_000),
+        },
+    }
+}
+
+struct Report {
+    rows: Vec<(String, String, String, String)>,
+    json: serde_json::Map<String, Value>,
+}
+
+impl Report {
+    fn row(&mut self, figure: &str, steward: String, baseline: String, ratio: String, data: Value) {
+        println!("{figure:<44} {steward:>22} {baseline:>22} {ratio:>10}");
+        let _ = std::io::stdout().flush();
+        self.rows.push((figure.into(), steward, baseline, ratio));
+        self.json.insert(figure.into(), data);
+    }
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn dist(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    (
+        pct(&v, 0.5),
+        pct(&v, 0.99),
+        v.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
+fn write_exe(path: &Path, body: &str) {
+    std::fs::write(path, format!("#!/bin/sh\n{body}")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A config folder with one workflow per (id, toml body after the id line).
+fn config(dir: &Path, workflows: &[(String, String)]) -> PathBuf {
+    let cfg = dir.join("config");
+    std::fs::create_dir_all(cfg.join("workflows")).unwrap();
+    for (id, body) in workflows {
+        std::fs::write(
+            cfg.join("workflows").join(format!("{id}.toml")),
+            format!("id = \"{id}\"\n{body}"),
+        )
+        .unwrap();
+    }
+    cfg
+}
+
+const BUDGET: &str =
+    "[budget]\nmax_tokens = 100000\nmax_tool_calls = 100\nmax_runtime_s = 60\nmax_cost_usd = 10\n";
+
+fn true_workflow() -> String {
+    format!("dry_run = false\n[trigger]\nmanual = true\n{BUDGET}[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n[commit]\ncommand = [\"/bin/true\"]\n")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// N governed runs of /bin/true (run, verify, commit), live, durable; returns runs/s.
+fn governed_throughput(dir: &Path, n: usize, parallel: usize) -> (f64, f64) {
+    let cfg = config(dir, &[("bench".into(), true_workflow())]);
+    let config = steward::config::load_dir(&cfg).unwrap();
+    let (engine, _) = steward::governed::open(&dir.join("state")).unwrap();
+    let wf = config.workflows["bench"].clone();
+    engine.go_live(&wf).unwrap();
+    let flushes0 = steward::store::flush_count();
+    let t = Instant::now();
+    runtime().block_on(async {
+        let per = n / parallel;
+        let mut tasks = Vec::new();
+        for _ in 0..parallel {
+            let (engine, wf) = (engine.clone(), wf.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..per {
+                    let rec = engine
+                        .execute(&wf, steward::governed::Fire::manual(None), true)
+                        .await
+                        .unwrap();
+                    assert!(rec.committed, "{}", rec.reason);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let secs = t.elapsed().as_secs_f64();
+    let flushes = (steward::store::flush_count() - flushes0) as f64 / n as f64;
+    (n as f64 / secs, flushes)
+}
+
+/// The bare limit: the same 3×N processes, spawned with no bookkeeping at all.
+fn bare_limit(n: usize, parallel: usize) -> f64 {
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..parallel {
+            s.spawn(|| {
+                for _ in 0..(n / parallel) * 3 {
+                    Command::new("/bin/true").status().unwrap();
+                }
+            });
+        }
+    });
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// What users write by hand: bash with flock, the three commands, one JSON log line.
+fn bash_wrapper(dir: &Path, n: usize, parallel: usize) -> f64 {
+    let script = dir.join("wrapper.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nset -e\nexec 9>{lock}\nflock 9\n/bin/true\n/bin/true\n/bin/true\nprintf '{{\"ts\":\"%s\",\"run\":\"%s\",\"status\":\"success\"}}\\n' \"$(date +%s%N)\" \"$$\" >> {log}\n",
+            lock = dir.join("lock").display(),
+            log = dir.join("log.jsonl").display()
+        ),
+    )
+    .unwrap();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..parallel {
+            s.spawn(|| {
+                for _ in 0..n / parallel {
+                    Command::new("bash").arg(&script).status().unwrap();
+                }
+            });
+        }
+    });
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// fsyncs per second on the state folder's disk.
+fn fsync_rate(dir: &Path, dur: Duration) -> f64 {
+    let mut f = std::fs::File::create(dir.join("fsync-probe")).unwrap();
+    let t = Instant::now();
+    let mut n = 0u64;
+    while t.elapsed() < dur {
+        f.write_all(&[0u8; 4096]).unwrap();
+        f.sync_data().unwrap();
+        n += 1;
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Breach → whole process group gone, in ms per run.
+fn breach_to_dead_tree(dir: &Path, n: usize) -> Vec<f64> {
+    let maker = dir.join("breach.sh");
+    let mark = dir.join("breach-at");
+    write_exe(
+        &maker,
+        &format!(
+            "cat >/dev/null\nsleep 300 &\ndate +%s%N > {}\necho 'charge tokens 999999' >&3\nwait\n",
+            mark.display()
+        ),
+    );
+    let body = format!("dry_run = true\n[trigger]\nmanual = true\n{BUDGET}kill_grace_s = 1\n[run]\ncommand = [\"{}\"]\n[verify]\ncommand = [\"/bin/true\"]\n", maker.display());
+    let cfg = config(dir, &[("breach".into(), body)]);
+    let config = steward::config::load_dir(&cfg).unwrap();
+    let (engine, _) = steward::governed::open(&dir.join("state-breach")).unwrap();
+    let wf = config.workflows["breach"].clone();
+    let rt = runtime();
+    (0..n)
+        .map(|_| {
+            let rec = rt
+                .block_on(engine.execute(&wf, steward::governed::Fire::manual(None), false))
+                .unwrap();
+            let done = now_ns();
+            assert_eq!(rec.state.name(), "exhausted");
+            let at: u128 = std::fs::read_to_string(&mark)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            (done - at) as f64 / 1e6
+        })
+        .collect()
+}
+
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+struct Daemon {
+    child: std::process::Child,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn steward_cmd(cfg: &Path, state: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_steward"));
+    c.env("STEWARD_CONFIG", cfg)
+        .env("STEWARD_STATE", state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
+/// Starts a daemon; returns it and the seconds until it answered `status`.
+fn start_daemon(cfg: &Path, state: &Path) -> (Daemon, f64) {
+    let t = Instant::now();
+    let child = steward_cmd(cfg, state).arg("daemon").spawn().unwrap();
+    let d = Daemon { child };
+    let sock = state.join("steward.sock");
+    loop {
+        if sock.exists() && std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "daemon did not start"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    (d, t.elapsed().as_secs_f64())
+}
+
+fn wait_lines(path: &Path, n: usize, limit: Duration) -> Vec<String> {
+    let t = Instant::now();
+    loop {
+        let lines: Vec<String> = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            t.elapsed() < limit,
+            "waited {limit:?} for {n} lines in {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Trigger latencies in ms: file drop, enqueue and cron, each to maker start.
+fn trigger_latency(
+    dir: &Path,
+    events: usize,
+    cron_events: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let starts = dir.join("starts.log");
+    let maker = dir.join("mark.sh");
+    // The maker notes when it started and which trigger fired it.
+    write_exe(&maker, &format!("ctx=$(cat)\nprintf '%s %s\\n' \"$(date +%s%N)\" \"$(printf '%s' \"$ctx\" | sed -n 's/.*\"scheduled_for\":\"\\([^\"]*\\)\".*/\\1/p')\" >> {}\n", starts.display()));
+    let wf = |trigger: &str| {
+        format!("dry_run = true\noverlap = \"buffer_all\"\n[trigger]\n{trigger}\n{BUDGET}[run]\ncommand = [\"{}\"]\n[verify]\ncommand = [\"/bin/true\"]\n", maker.display())
+    };
+    let inbox = dir.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let debounce_ms = 50.0;
+    let cfg = config(
+        dir,
+        &[
+            ("drop".into(), wf(&format!("file = {{ path = \"inbox\", pattern = \"*.txt\", debounce_ms = {debounce_ms} }}"))),
+            ("q".into(), wf("queue = \"jobs\"")),
+        ],
+    );
+    let state = dir.join("state");
+    let (_d, _) = start_daemon(&cfg, &state);
+    let mut file_lat = Vec::new();
+    for i in 0..events {
+        let tmp = dir.join(format!("tmp-{i}"));
+        std::fs::write(&tmp, format!("event {i}")).unwrap();
+        let t0 = now_ns();
+        std::fs::rename(&tmp, inbox.join(format!("e{i}.txt"))).unwrap();
+        let lines = wait_lines(&starts, file_lat.len() + 1, Duration::from_secs(10));
+        let started: u128 = lines
+            .last()
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        file_lat.push((started - t0) as f64 / 1e6 - debounce_ms);
+    }
+    let mut queue_lat = Vec::new();
+    for i in 0..events {
+        let t0 = now_ns();
+        let ok = steward_cmd(&cfg, &state)
+            .args(["enqueue", "jobs", "--payload", &i.to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let lines = wait_lines(
+            &starts,
+            events + queue_lat.len() + 1,
+            Duration::from_secs(10),
+        );
+        let started: u128 = lines
+            .last()
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        queue_lat.push((started - t0) as f64 / 1e6);
+    }
+    drop(_d);
+    // Cron: a 1-second schedule, measured from the scheduled instant.
+    let cron_dir = dir.join("cron");
+    std::fs::create_dir_all(&cron_dir).unwrap();
+    let starts_cron = cron_dir.join("starts.log");
+    let maker2 = cron_dir.join("mark.sh");
+    write_exe(
+        &maker2,
+        &std::fs::read_to_string(&maker)
+            .unwrap()
+            .replace(
+                &starts.display().to_string(),
+                &starts_cron.display().to_string(),
+            )
+            .replace("#!/bin/sh\n", ""),
+    );
+    let cfg2 = config(&cron_dir, &[("tick".into(), format!("dry_run = true\n[trigger]\nschedule = {{ cron = \"* * * * * *\" }}\n{BUDGET}[run]\ncommand = [\"{}\"]\n[verify]\ncommand = [\"/bin/true\"]\n", maker2.display()))]);
+    let (_d2, _) = start_daemon(&cfg2, &cron_dir.join("state"));
+    let lines = wait_lines(
+        &starts_cron,
+        cron_events,
+        Duration::from_secs(cron_events as u64 + 10),
+    );
+    let cron_lat = lines
+        .iter()
+        .take(cron_events)
+        .filter_map(|l| {
+            let mut p = l.split_whitespace();
+            let started: u128 = p.next()?.parse().ok()?;
+            let slot = chrono::DateTime::parse_from_rfc3339(p.next()?).ok()?;
+            Some((started as f64 - slot.timestamp_nanos_opt()? as f64) / 1e6)
+        })
+        .collect();
+    (file_lat, queue_lat, cron_lat)
+}
+
+fn proc_status(pid: u32, key: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn cpu_ticks(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(") ").map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0)
+}
+
+/// Start-up time, idle RSS (KiB) and idle CPU (% of a core) with `n` scheduled workflows.
+fn scale(dir: &Path, n: usize, idle: Duration) -> (f64, f64, f64) {
+    let wfs: Vec<(String, String)> = (0..n)
+        .map(|i| (format!("wf{i:04}"), format!("dry_run = true\n[trigger]\nschedule = {{ cron = \"{} {} * * *\", timezone = \"Europe/Berlin\" }}\n{BUDGET}[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n", i % 60, (i / 60) % 24)))
+        .collect();
+    let cfg = config(dir, &wfs);
+    let (d, startup) = start_daemon(&cfg, &dir.join("state"));
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = d.child.id();
+    let ticks0 = cpu_ticks(pid);
+    let t = Instant::now();
+    std::thread::sleep(idle);
+    let hz = 100.0; // USER_HZ on Linux
+    let cpu = (cpu_ticks(pid) - ticks0) / hz / t.elapsed().as_secs_f64() * 100.0;
+    let rss = proc_status(pid, "VmRSS:");
+    (startup, rss, cpu)
+}
+
+/// Drain planning of `n` markers over 500 jobs, in seconds.
+fn drain_planning(dir: &Path, n: usize) -> f64 {
+    let markers = dir.join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    let today = chrono::Utc::now().date_naive();
+    for i in 0..n {
+        let d = today - chrono::Duration::days((i / 500) as i64);
+        let job = format!("job{:03}", i % 500);
+        std::fs::write(
+            markers.join(format!("{}-{job}.md", d.format("%Y-%m-%d"))),
+            "---\nstatus: queued\n---\n",
+        )
+        .unwrap();
+    }
+    let t = Instant::now();
+    let (found, bad) = steward::drain::scan(&markers);
+    let plan = steward::drain::plan(
+        found,
+        |_| Some(Duration::from_secs(2 * 86_400)),
+        chrono::Utc::now(),
+    );
+    let secs = t.elapsed().as_secs_f64();
+    assert!(
+        bad.is_empty() && plan.run.len() == 500,
+        "{} jobs planned",
+        plan.run.len()
+    );
+    secs
+}
+
+/// Seen filtering in a child process (so its peak memory is its own): (seconds, peak KiB).
+fn seen_filtering(dir: &Path, seen: usize, candidates: usize) -> (f64, f64) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--child-seen",
+            &dir.display().to_string(),
+            &seen.to_string(),
+            &candidates.to_string(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut p = text.split_whitespace();
+    (
+        p.next().and_then(|s| s.parse().ok()).unwrap_or(f64::NAN),
+        p.next().and_then(|s| s.parse().ok()).unwrap_or(f64::NAN),
+    )
+}
+
+fn child_seen(dir: &Path, seen: usize, candidates: usize) {
+    let agent = dir.join("agents/bench");
+    std::fs::create_dir_all(&agent).unwrap();
+    {
+        let mut f =
+            std::io::BufWriter::new(std::fs::File::create(agent.join("seen.jsonl")).unwrap());
+        for i in 0..seen {
+            writeln!(f, "{{\"id\":\"item-{i}\",\"hash\":\"{:064x}\",\"source\":\"s\",\"surfaced_at\":\"2026-01-01T00:00:00Z\"}}", i).unwrap();
+        }
+    }
+    let items: Vec<steward::agent::feed::Item> = (0..candidates)
+        .map(|i| {
+            let id = if i % 2 == 0 {
+                format!("item-{}", i * 7)
+            } else {
+                format!("new-{i}")
+            };
+            steward::agent::feed::Item {
+                id,
+                source: "s".into(),
+                title: "t".into(),
+                link: None,
+                summary: String::new(),
+                published: None,
+                hash: format!("{:064x}", i * 7),
+                flags: vec![],
+            }
+        })
+        .collect();
+    let t = Instant::now();
+    let tracker = steward::agent::seen::Seen::load(&agent).unwrap();
+    let fresh = items
+        .iter()
+        .filter(|i| tracker.novelty(i).is_some())
+        .count();
+    let secs = t.elapsed().as_secs_f64();
+    assert!(fresh > 0);
+    println!("{secs} {}", proc_status(std::process::id(), "VmHWM:"));
+}
+
+/// State size (bytes) under a folder.
+fn du(path: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(path) {
+        for e in rd.flatten() {
+            let m = e.metadata().unwrap();
+            total += if m.is_dir() { du(&e.path()) } else { m.len() };
+        }
+    }
+    total
+}
+
+/// Throughput and state size after `a` runs, then after `b` (same store, same process).
+fn growth(dir: &Path, a: usize, b: usize) -> ((f64, u64), (f64, u64)) {
+    let cfg = config(dir, &[("bench".into(), true_workflow())]);
+    let config = steward::config::load_dir(&cfg).unwrap();
+    let state = dir.join("state");
+    let (engine, _) = steward::governed::open(&state).unwrap();
+    let wf = config.workflows["bench"].clone();
+    engine.go_live(&wf).unwrap();
+    let rt = runtime();
+    let sample = 200.min(a);
+    let measure = |upto: usize, done: &mut usize| {
+        while *done + sample < upto {
+            rt.block_on(engine.execute(&wf, steward::governed::Fire::manual(None), true))
+                .unwrap();
+            *done += 1;
+        }
+        let t = Instant::now();
+        for _ in 0..sample {
+            rt.block_on(engine.execute(&wf, steward::governed::Fire::manual(None), true))
+                .unwrap();
+        }
+        *done += sample;
+        engine.store.flush().unwrap();
+        (sample as f64 / t.elapsed().as_secs_f64(), du(&state))
+    };
+    let mut done = 0;
+    let first = measure(a, &mut done);
+    let second = measure(b, &mut done);
+    (first, second)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--child-seen") {
+        child_seen(
+            Path::new(&args[2]),
+            args[3].parse().unwrap(),
+            args[4].parse().unwrap(),
+        );
+        return;
+    }
+    let mode = if args.iter().any(|a| a == "--full") {
+        "full"
+    } else if args.iter().any(|a| a == "--smoke") {
+        "smoke"
+    } else {
+        "quick"
+    };
+    let s = sizes(mode);
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = |name: &str| {
+        let d = tmp.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let mut r = Report {
+        rows: Vec::new(),
+        json: serde_json::Map::new(),
+    };
+    println!(
+        "steward benchmarks ({mode}) on {} cores",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    println!(
+        "{:<44} {:>22} {:>22} {:>10}",
+        "figure", "steward", "baseline", "ratio"
+    );
+
+    for parallel in [1, 2] {
+        let (st, flushes) = governed_throughput(&dir(&format!("tp{parallel}")), s.runs, parallel);
+        let bare = bare_limit(s.runs, parallel);
+        let bash = bash_wrapper(&dir(&format!("bash{parallel}")), s.runs, parallel);
+        let label = if parallel == 1 {
+            "sequential"
+        } else {
+            "2 in parallel"
+        };
+        r.row(&format!("throughput {label} (runs/s) vs bare limit"), format!("{st:.0}"), format!("{bare:.0}"), format!("{:.2}", st / bare), json!({ "steward": st, "bare_limit": bare, "bash_wrapper": bash, "store_flushes_per_run": flushes }));
+        r.row(
+            &format!("throughput {label} (runs/s) vs bash wrapper"),
+            format!("{st:.0}"),
+            format!("{bash:.0}"),
+            format!("{:.2}", st / bash),
+            json!({ "steward": st, "bash_wrapper": bash }),
+        );
+        if parallel == 1 {
+            let fs = fsync_rate(&dir("fsync"), Duration::from_secs(1));
+            r.row(
+                "durability: store flushes per run / fsyncs/s",
+                format!("{flushes:.1} flushes"),
+                format!("{fs:.0} fsync/s"),
+                "-".into(),
+                json!({ "flushes_per_run": flushes, "fsyncs_per_s": fs }),
+            );
+        }
+    }
+
+    let (file, queue, cron) = trigger_latency(&dir("latency"), s.events, s.cron_events);
+    for (name, v) in [
+        ("file drop → maker (ms, minus debounce)", file),
+        ("enqueue → maker (ms)", queue),
+        ("cron slot → maker (ms)", cron),
+    ] {
+        let n = v.len();
+        let (p50, p99, max) = dist(v);
+        r.row(
+            name,
+            format!("p50 {p50:.1} p99 {p99:.1}"),
+            format!("max {max:.1}"),
+            format!("n={n}"),
+            json!({ "p50": p50, "p99": p99, "max": max, "n": n }),
+        );
+    }
+
+    let (p50, p99, max) = dist(breach_to_dead_tree(&dir("breach"), s.breaches));
+    r.row(
+        "breach → dead tree (ms)",
+        format!("p50 {p50:.1} p99 {p99:.1}"),
+        format!("max {max:.1}"),
+        format!("n={}", s.breaches),
+        json!({ "p50": p50, "p99": p99, "max": max }),
+    );
+
+    let (startup, rss, cpu) = scale(&dir("scale"), s.workflows, Duration::from_secs(s.idle_s));
+    r.row(
+        &format!("start-up with {} workflows (s)", s.workflows),
+        format!("{startup:.3}"),
+        "target 0.5".into(),
+        "-".into(),
+        json!(startup),
+    );
+    r.row(
+        &format!("idle RSS with {} workflows (MiB)", s.workflows),
+        format!("{:.1}", rss / 1024.0),
+        "target 30".into(),
+        "-".into(),
+        json!(rss / 1024.0),
+    );
+    r.row(
+        &format!("idle CPU over {} s (% of a core)", s.idle_s),
+        format!("{cpu:.2}"),
+        "target 1".into(),
+        "-".into(),
+        json!(cpu),
+    );
+
+    let drain = drain_planning(&dir("drain"), s.markers);
+    r.row(
+        &format!("drain planning, {} markers (s)", s.markers),
+        format!("{drain:.3}"),
+        "target 1".into(),
+        "-".into(),
+        json!(drain),
+    );
+    let (secs, hwm) = seen_filtering(&dir("seen"), s.seen, s.candidates);
+    r.row(
+        &format!(
+            "seen filter {}k vs {}k (s, peak MiB)",
+            s.candidates / 1000,
+            s.seen / 1000
+        ),
+        format!("{secs:.3} s"),
+        format!("{:.0} MiB peak", hwm / 1024.0),
+        "-".into(),
+        json!({ "secs": secs, "peak_mib": hwm / 1024.0 }),
+    );
+
+    let ((t1, s1), (t2, s2)) = growth(&dir("growth"), s.growth.0, s.growth.1);
+    r.row(
+        &format!(
+            "throughput after {} vs {} runs (runs/s)",
+            s.growth.1, s.growth.0
+        ),
+        format!("{t2:.0}"),
+        format!("{t1:.0}"),
+        format!("{:.2}", t2 / t1),
+        json!({ "early": t1, "late": t2, "state_bytes_early": s1, "state_bytes_late": s2 }),
+    );
+    r.row(
+        &format!(
+            "state size after {} vs {} runs (MiB)",
+            s.growth.1, s.growth.0
+        ),
+        format!("{:.1}", s2 as f64 / 1048576.0),
+        format!("{:.1}", s1 as f64 / 1048576.0),
+        format!("{:.1}", s2 as f64 / s1.max(1) as f64),
+        json!({ "early": s1, "late": s2 }),
+    );
+
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .unwrap_or(Path::new("target"))
+        .join("bench");
+    std::fs::create_dir_all(&out).unwrap();
+    let file = out.join("steward.json");
+    std::fs::write(
+        &file,
+        serde_json::to_string_pretty(&json!({ "mode": mode, "figures": r.json })).unwrap(),
+    )
+    .unwrap();
+    println!("wrote {}", file.display());
+}
