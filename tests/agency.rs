@@ -275,7 +275,7 @@ fn racing_drivers_through_the_daemon_dispatch_once_per_turn() {
     .unwrap();
     // Round 1 races the first turn; later rounds race the advance that records the last
     // member's result and plans the next turn (both drivers hold the same receipt).
-    for round in 1..=4u64 {
+    for round in 1..=8u64 {
         let res = result.to_str().unwrap().to_string();
         let spawn = |driver: &str| {
             let mut args = vec!["case", "advance", "r1", "--driver", driver, "--json"];
@@ -331,7 +331,7 @@ fn racing_drivers_in_one_process_dispatch_once_per_turn() {
         .unwrap();
     rt.block_on(async {
         steward::agency::open(&engine, &cfg.agencies["docs"], "p1", Value::Null).unwrap();
-        for round in 1..=6u64 {
+        for round in 1..=12u64 {
             let receipt = || {
                 (round > 1).then(|| steward::agency::Receipt {
                     turn: 0,

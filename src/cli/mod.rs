@@ -445,7 +445,7 @@ fn run_cli(cli: Cli) -> Result<i32> {
         }
         command => {
             // Everything else touches the store: through the daemon if one runs.
-            let argv: Vec<String> = std::env::args().skip(1).collect();
+            let argv = absolute_paths(std::env::args().skip(1).collect());
             if let Some(reply) = crate::control_socket::forward(&state, &argv)? {
                 print!("{}", reply.stdout);
                 eprint!("{}", reply.stderr);
@@ -472,6 +472,22 @@ fn run_cli(cli: Cli) -> Result<i32> {
             Ok(reply.code)
         }
     }
+}
+
+/// File arguments the daemon reads must not depend on its working folder.
+fn absolute_paths(mut argv: Vec<String>) -> Vec<String> {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let mut i = 0;
+    while i < argv.len() {
+        if argv[i] == "--member-result" && i + 1 < argv.len() {
+            argv[i + 1] = cwd.join(&argv[i + 1]).to_string_lossy().into_owned();
+            i += 1;
+        } else if let Some(p) = argv[i].strip_prefix("--member-result=") {
+            argv[i] = format!("--member-result={}", cwd.join(p).display());
+        }
+        i += 1;
+    }
+    argv
 }
 
 /// Runs one store command and collects what it prints.
