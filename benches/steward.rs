@@ -606,6 +606,13 @@ fn main() {
         "quick"
     };
     let s = sizes(mode);
+    // `--only seen` (or throughput, latency, breach, scale, drain, growth) runs one figure.
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let want = |k: &str| only.as_deref().is_none_or(|o| o == k);
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let dir = |name: &str| {
         let d = tmp.path().join(name);
@@ -627,7 +634,7 @@ fn main() {
         "figure", "steward", "baseline", "ratio"
     );
 
-    for parallel in [1, 2] {
+    for parallel in [1, 2].into_iter().filter(|_| want("throughput")) {
         let (st, flushes) = governed_throughput(&dir(&format!("tp{parallel}")), s.runs, parallel);
         let bare = bare_limit(s.runs, parallel);
         let bash = bash_wrapper(&dir(&format!("bash{parallel}")), s.runs, parallel);
@@ -656,7 +663,11 @@ fn main() {
         }
     }
 
-    let (file, queue, cron) = trigger_latency(&dir("latency"), s.events, s.cron_events);
+    let (file, queue, cron) = if want("latency") {
+        trigger_latency(&dir("latency"), s.events, s.cron_events)
+    } else {
+        Default::default()
+    };
     for (name, v) in [
         ("file drop → maker (ms, minus debounce)", file),
         ("enqueue → maker (ms)", queue),
@@ -673,80 +684,91 @@ fn main() {
         );
     }
 
-    let (p50, p99, max) = dist(breach_to_dead_tree(&dir("breach"), s.breaches));
-    r.row(
-        "breach → dead tree (ms)",
-        format!("p50 {p50:.1} p99 {p99:.1}"),
-        format!("max {max:.1}"),
-        format!("n={}", s.breaches),
-        json!({ "p50": p50, "p99": p99, "max": max }),
-    );
+    if want("breach") {
+        let (p50, p99, max) = dist(breach_to_dead_tree(&dir("breach"), s.breaches));
+        r.row(
+            "breach → dead tree (ms)",
+            format!("p50 {p50:.1} p99 {p99:.1}"),
+            format!("max {max:.1}"),
+            format!("n={}", s.breaches),
+            json!({ "p50": p50, "p99": p99, "max": max }),
+        );
+    }
 
-    let (startup, rss, cpu) = scale(&dir("scale"), s.workflows, Duration::from_secs(s.idle_s));
-    r.row(
-        &format!("start-up with {} workflows (s)", s.workflows),
-        format!("{startup:.3}"),
-        "target 0.5".into(),
-        "-".into(),
-        json!(startup),
-    );
-    r.row(
-        &format!("idle RSS with {} workflows (MiB)", s.workflows),
-        format!("{:.1}", rss / 1024.0),
-        "target 30".into(),
-        "-".into(),
-        json!(rss / 1024.0),
-    );
-    r.row(
-        &format!("idle CPU over {} s (% of a core)", s.idle_s),
-        format!("{cpu:.2}"),
-        "target 1".into(),
-        "-".into(),
-        json!(cpu),
-    );
+    if want("scale") {
+        let (startup, rss, cpu) = scale(&dir("scale"), s.workflows, Duration::from_secs(s.idle_s));
+        r.row(
+            &format!("start-up with {} workflows (s)", s.workflows),
+            format!("{startup:.3}"),
+            "target 0.5".into(),
+            "-".into(),
+            json!(startup),
+        );
+        r.row(
+            &format!("idle RSS with {} workflows (MiB)", s.workflows),
+            format!("{:.1}", rss / 1024.0),
+            "target 30".into(),
+            "-".into(),
+            json!(rss / 1024.0),
+        );
+        r.row(
+            &format!("idle CPU over {} s (% of a core)", s.idle_s),
+            format!("{cpu:.2}"),
+            "target 1".into(),
+            "-".into(),
+            json!(cpu),
+        );
+    }
 
-    let drain = drain_planning(&dir("drain"), s.markers);
-    r.row(
-        &format!("drain planning, {} markers (s)", s.markers),
-        format!("{drain:.3}"),
-        "target 1".into(),
-        "-".into(),
-        json!(drain),
-    );
-    let (secs, hwm) = seen_filtering(&dir("seen"), s.seen, s.candidates);
-    r.row(
-        &format!(
-            "seen filter {}k vs {}k (s, peak MiB)",
-            s.candidates / 1000,
-            s.seen / 1000
-        ),
-        format!("{secs:.3} s"),
-        format!("{:.0} MiB peak", hwm / 1024.0),
-        "-".into(),
-        json!({ "secs": secs, "peak_mib": hwm / 1024.0 }),
-    );
+    if want("drain") {
+        let drain = drain_planning(&dir("drain"), s.markers);
+        r.row(
+            &format!("drain planning, {} markers (s)", s.markers),
+            format!("{drain:.3}"),
+            "target 1".into(),
+            "-".into(),
+            json!(drain),
+        );
+    }
 
-    let ((t1, s1), (t2, s2)) = growth(&dir("growth"), s.growth.0, s.growth.1);
-    r.row(
-        &format!(
-            "throughput after {} vs {} runs (runs/s)",
-            s.growth.1, s.growth.0
-        ),
-        format!("{t2:.0}"),
-        format!("{t1:.0}"),
-        format!("{:.2}", t2 / t1),
-        json!({ "early": t1, "late": t2, "state_bytes_early": s1, "state_bytes_late": s2 }),
-    );
-    r.row(
-        &format!(
-            "state size after {} vs {} runs (MiB)",
-            s.growth.1, s.growth.0
-        ),
-        format!("{:.1}", s2 as f64 / 1048576.0),
-        format!("{:.1}", s1 as f64 / 1048576.0),
-        format!("{:.1}", s2 as f64 / s1.max(1) as f64),
-        json!({ "early": s1, "late": s2 }),
-    );
+    if want("seen") {
+        let (secs, hwm) = seen_filtering(&dir("seen"), s.seen, s.candidates);
+        r.row(
+            &format!(
+                "seen filter {}k vs {}k (s, peak MiB)",
+                s.candidates / 1000,
+                s.seen / 1000
+            ),
+            format!("{secs:.3} s"),
+            format!("{:.0} MiB peak", hwm / 1024.0),
+            "-".into(),
+            json!({ "secs": secs, "peak_mib": hwm / 1024.0 }),
+        );
+    }
+
+    if want("growth") {
+        let ((t1, s1), (t2, s2)) = growth(&dir("growth"), s.growth.0, s.growth.1);
+        r.row(
+            &format!(
+                "throughput after {} vs {} runs (runs/s)",
+                s.growth.1, s.growth.0
+            ),
+            format!("{t2:.0}"),
+            format!("{t1:.0}"),
+            format!("{:.2}", t2 / t1),
+            json!({ "early": t1, "late": t2, "state_bytes_early": s1, "state_bytes_late": s2 }),
+        );
+        r.row(
+            &format!(
+                "state size after {} vs {} runs (MiB)",
+                s.growth.1, s.growth.0
+            ),
+            format!("{:.1}", s2 as f64 / 1048576.0),
+            format!("{:.1}", s1 as f64 / 1048576.0),
+            format!("{:.1}", s2 as f64 / s1.max(1) as f64),
+            json!({ "early": s1, "late": s2 }),
+        );
+    }
 
     let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()

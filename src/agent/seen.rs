@@ -20,9 +20,45 @@ struct Line {
     surfaced_at: String,
 }
 
+/// Only what filtering needs of a line, borrowed from the buffer (no allocation per field).
+#[derive(Deserialize)]
+struct Key<'a> {
+    #[serde(borrow)]
+    id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    hash: std::borrow::Cow<'a, str>,
+}
+
+/// 128 bits of a sha256: ids and content hashes are kept this compact, so a million
+/// surfaced items fit in tens of MiB (a collision among 2^64 items is not a concern).
+type Digest16 = [u8; 16];
+
+fn id_key(id: &str) -> Digest16 {
+    // Two SipHash passes with different prefixes: fast, and only ever compared within one
+    // process (the file keeps the ids themselves).
+    use std::hash::{Hash, Hasher};
+    let mut out = [0u8; 16];
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (i as u8).hash(&mut h);
+        id.hash(&mut h);
+        chunk.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out
+}
+
+/// A content hash: its first 16 bytes when it is hex (steward writes sha256), else a digest of it.
+fn content_key(hash: &str) -> Digest16 {
+    let mut out = [0u8; 16];
+    match hash.get(..32).map(|h| hex::decode_to_slice(h, &mut out)) {
+        Some(Ok(())) if hash.len() == 64 => out,
+        _ => id_key(hash),
+    }
+}
+
 pub struct Seen {
     path: PathBuf,
-    hashes: HashMap<String, String>,
+    hashes: HashMap<Digest16, Digest16>,
     pub bad_lines: usize,
 }
 
@@ -37,18 +73,25 @@ pub enum Novelty {
 impl Seen {
     pub fn load(agent_dir: &Path) -> std::io::Result<Seen> {
         let path = agent_dir.join("seen.jsonl");
-        let mut hashes = HashMap::new();
+        // Sized from the file (about 150 bytes a line) so the table is not regrown.
+        let expected = std::fs::metadata(&path).map(|m| m.len() / 150).unwrap_or(0) as usize;
+        let mut hashes = HashMap::with_capacity(expected);
         let mut bad_lines = 0;
         match std::fs::File::open(&path) {
             Ok(f) => {
-                for line in std::io::BufReader::new(f).lines() {
-                    let line = line?;
+                let mut reader = std::io::BufReader::with_capacity(1 << 20, f);
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line)? == 0 {
+                        break;
+                    }
                     if line.trim().is_empty() {
                         continue;
                     }
-                    match serde_json::from_str::<Line>(&line) {
-                        Ok(l) => {
-                            hashes.insert(l.id, l.hash);
+                    match serde_json::from_str::<Key>(&line) {
+                        Ok(k) => {
+                            hashes.insert(id_key(&k.id), content_key(&k.hash));
                         }
                         Err(_) => bad_lines += 1,
                     }
@@ -73,9 +116,9 @@ impl Seen {
     }
 
     pub fn novelty(&self, item: &Item) -> Option<Novelty> {
-        match self.hashes.get(&item.id) {
+        match self.hashes.get(&id_key(&item.id)) {
             None => Some(Novelty::New),
-            Some(h) if *h != item.hash => Some(Novelty::Updated),
+            Some(h) if *h != content_key(&item.hash) => Some(Novelty::Updated),
             Some(_) => None,
         }
     }
@@ -100,9 +143,52 @@ impl Seen {
             };
             serde_json::to_writer(&mut buf, &line).map_err(std::io::Error::other)?;
             buf.push(b'\n');
-            self.hashes.insert(item.id.clone(), item.hash.clone());
+            self.hashes
+                .insert(id_key(&item.id), content_key(&item.hash));
         }
         f.write_all(&buf)?;
         f.sync_data()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(id: &str, hash: &str) -> Item {
+        Item {
+            id: id.into(),
+            source: "s".into(),
+            title: "t".into(),
+            link: None,
+            summary: String::new(),
+            published: None,
+            hash: hash.into(),
+            flags: vec![],
+        }
+    }
+
+    #[test]
+    fn new_updated_and_unchanged_items_and_a_bad_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let h1 = "a".repeat(64);
+        let mut seen = Seen::load(dir.path()).unwrap();
+        let a = item("a", &h1);
+        assert_eq!(seen.novelty(&a), Some(Novelty::New));
+        seen.mark_surfaced(&[&a]).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("seen.jsonl"))
+            .unwrap()
+            .write_all(b"{not json\n")
+            .unwrap();
+        let seen = Seen::load(dir.path()).unwrap();
+        assert_eq!(seen.bad_lines, 1);
+        assert_eq!(seen.novelty(&a), None);
+        assert_eq!(
+            seen.novelty(&item("a", &"b".repeat(64))),
+            Some(Novelty::Updated)
+        );
+        assert_eq!(seen.novelty(&item("a", "not-hex")), Some(Novelty::Updated));
     }
 }
