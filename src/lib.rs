@@ -31,6 +31,7 @@ pub mod control_socket;
 pub mod daemon;
 pub mod drain;
 pub mod governed;
+pub mod helper;
 pub mod redact;
 pub mod runlog;
 pub mod scaffold;

@@ -833,41 +833,11 @@ async fn run_member(
 }
 
 async fn ask_planner(case: &Case, cwd: &Path) -> Result<Value, String> {
-    use tokio::io::AsyncWriteExt;
-    let Some((program, args)) = case.agency.planner.split_first() else {
-        return Err("no planner command".into());
-    };
-    let program = if program.contains('/') {
-        cwd.join(program)
-    } else {
-        program.into()
-    };
-    let mut child = tokio::process::Command::new(&program)
-        .args(args)
-        .current_dir(cwd)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin
-            .write_all(&serde_json::to_vec(case).unwrap_or_default())
-            .await;
-    }
+    let input = serde_json::to_vec(case).unwrap_or_default();
     let timeout = Duration::from_secs(case.agency.planner_timeout_s.unwrap_or(60));
-    let out = tokio::time::timeout(timeout, child.wait_with_output())
-        .await
-        .map_err(|_| format!("no proposal within {}s", timeout.as_secs()))?
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "exited with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+    let out = crate::helper::run(&case.agency.planner, cwd, Some(&input), timeout).await?;
+    if out.code != 0 {
+        return Err(format!("exited with {}: {}", out.code, out.stderr.trim()));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let v: Value =

@@ -89,30 +89,9 @@ fn read_file(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 async fn run_command(argv: &[String], cwd: &Path, timeout: Duration) -> Result<Vec<u8>, String> {
-    let Some((program, args)) = argv.split_first() else {
-        return Err("empty command".into());
-    };
-    let program = if program.contains('/') {
-        cwd.join(program)
-    } else {
-        program.into()
-    };
-    let child = tokio::process::Command::new(&program)
-        .args(args)
-        .current_dir(cwd)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
-    let out = tokio::time::timeout(timeout, child.wait_with_output())
-        .await
-        .map_err(|_| format!("timed out after {:.0}s", timeout.as_secs_f64()))?
-        .map_err(|e| format!("command failed: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("command exited with {}", out.status));
+    let out = crate::helper::run(argv, cwd, None, timeout).await?;
+    if out.code != 0 {
+        return Err(format!("command exited with {}", out.code));
     }
     if out.stdout.len() > MAX_FEED_BYTES {
         return Err(format!("larger than {} MiB", MAX_FEED_BYTES >> 20));

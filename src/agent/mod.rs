@@ -463,30 +463,12 @@ async fn verify_claims(agent: &Agent, cwd: &Path, claims: &[Value]) -> (usize, V
     (verified, problems)
 }
 
+/// Claim commands get five minutes each.
+const CLAIM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 async fn run_json(argv: &[String], cwd: &Path, input: &[u8]) -> Result<(i32, Vec<u8>), String> {
-    use tokio::io::AsyncWriteExt;
-    let Some((program, args)) = argv.split_first() else {
-        return Err("empty command".into());
-    };
-    let program = if program.contains('/') {
-        cwd.join(program)
-    } else {
-        program.into()
-    };
-    let mut child = tokio::process::Command::new(&program)
-        .args(args)
-        .current_dir(cwd)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(input).await;
-    }
-    let out = child.wait_with_output().await.map_err(|e| e.to_string())?;
-    Ok((out.status.code().unwrap_or(-1), out.stdout))
+    let out = crate::helper::run(argv, cwd, Some(input), CLAIM_TIMEOUT).await?;
+    Ok((out.code, out.stdout))
 }
 
 /// The checker: the digest the run step reports exists and is well-formed.

@@ -1,0 +1,88 @@
+//! Short helper processes that are not governed runs: a feed's `command` source, an
+//! agent's claim commands, an agency's planner. Each runs in its own process group with
+//! a timeout; on timeout the whole group is killed.
+
+use std::path::Path;
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// What a helper left: exit code (-1 if killed by a signal), stdout, stderr.
+pub struct Output {
+    pub code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+}
+
+/// Runs `argv` in `cwd` (a program with a `/` is relative to `cwd`), writes `input` to its
+/// stdin, and waits at most `timeout`. Err is a reason for a person.
+pub async fn run(
+    argv: &[String],
+    cwd: &Path,
+    input: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<Output, String> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err("empty command".into());
+    };
+    let program = if program.contains('/') {
+        cwd.join(program)
+    } else {
+        program.into()
+    };
+    let mut child = tokio::process::Command::new(&program)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(if input.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+    let pgid = child.id().map(|p| Pid::from_raw(p as i32));
+    if let (Some(mut stdin), Some(bytes)) = (child.stdin.take(), input) {
+        let bytes = bytes.to_vec();
+        // Written concurrently, so a helper that answers before reading cannot deadlock us.
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&bytes).await;
+        });
+    }
+    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+    let work = async {
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        let read_out = async {
+            if let Some(o) = out.as_mut() {
+                let _ = o.read_to_end(&mut stdout).await;
+            }
+        };
+        let read_err = async {
+            if let Some(e) = err.as_mut() {
+                let _ = e.take(64 << 10).read_to_end(&mut stderr).await;
+            }
+        };
+        tokio::join!(read_out, read_err);
+        let status = child.wait().await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(Output {
+            code: status.code().unwrap_or(-1),
+            stdout,
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        })
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(result) => result,
+        Err(_) => {
+            if let Some(pgid) = pgid {
+                let _ = killpg(pgid, Signal::SIGKILL);
+            }
+            Err(format!("timed out after {:.0}s", timeout.as_secs_f64()))
+        }
+    }
+}
