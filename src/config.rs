@@ -453,15 +453,10 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
             "config folder not found (pass --config DIR or create it)",
         )]);
     }
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+    let files = match toml_files(&dir) {
+        Ok(files) => files,
         Err(e) => return Err(vec![whole_file_error(&dir, &format!("cannot read: {e}"))]),
     };
-    files.sort();
     let mut origin: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut queues: BTreeMap<String, String> = BTreeMap::new();
     for file in files {
@@ -532,6 +527,20 @@ pub fn load_file(root: &Path, file: &Path) -> Result<Workflow, Vec<ConfigError>>
         Some(wf) if v.errors.is_empty() => Ok(wf),
         _ => Err(v.errors),
     }
+}
+
+/// The `*.toml` files of a folder, sorted; none if the folder does not exist.
+pub fn toml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    files.sort();
+    Ok(files)
 }
 
 /// Reads and parses one TOML file; returns the value, its text and its bytes.

@@ -61,6 +61,9 @@ pub fn remove(state: &Path) {
 /// Accepts clients until `cancel`; each request runs as its own task.
 pub async fn serve(listener: UnixListener, shared: Arc<Shared>, cancel: CancellationToken) {
     let me = nix::unistd::geteuid().as_raw();
+    // Clients still waiting for a reply (a run finishing during shutdown) get it before
+    // the daemon exits.
+    let clients = tokio_util::task::TaskTracker::new();
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {
@@ -70,7 +73,7 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, cancel: Cancella
                     continue;
                 }
             },
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => break,
         };
         let uid = stream.peer_cred().map(|c| c.uid()).ok();
         if uid != Some(me) && uid != Some(0) {
@@ -88,11 +91,18 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, cancel: Cancella
             continue;
         }
         let shared = shared.clone();
-        tokio::spawn(async move {
+        clients.spawn(async move {
             if let Err(e) = handle(stream, shared).await {
                 tracing::warn!("control socket client: {e}");
             }
         });
+    }
+    clients.close();
+    if tokio::time::timeout(std::time::Duration::from_secs(5), clients.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("control socket: clients still waiting at exit");
     }
 }
 

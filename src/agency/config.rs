@@ -74,14 +74,18 @@ pub fn load(
     errors: &mut Vec<ConfigError>,
 ) -> BTreeMap<String, Agency> {
     let mut out = BTreeMap::new();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("agencies"))
-        .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-                .collect()
-        })
-        .unwrap_or_default();
-    files.sort();
+    let files = match crate::config::toml_files(&root.join("agencies")) {
+        Ok(files) => files,
+        Err(e) => {
+            errors.push(ConfigError {
+                file: root.join("agencies").to_path_buf(),
+                line: 1,
+                column: 1,
+                message: format!("cannot read: {e}"),
+            });
+            Vec::new()
+        }
+    };
     for file in files {
         let mut a: Agency = match read_toml(&file) {
             Ok((a, _)) => a,

@@ -239,14 +239,18 @@ pub fn load(
     let mut agents = Vec::new();
     let mut workflows = Vec::new();
     let dir = root.join("agents");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-                .collect()
-        })
-        .unwrap_or_default();
-    files.sort();
+    let files = match crate::config::toml_files(&dir) {
+        Ok(files) => files,
+        Err(e) => {
+            errors.push(ConfigError {
+                file: dir.to_path_buf(),
+                line: 1,
+                column: 1,
+                message: format!("cannot read: {e}"),
+            });
+            Vec::new()
+        }
+    };
     for file in files {
         let (raw, (_, bytes)) = match read_toml::<RawAgent>(&file) {
             Ok(v) => v,
