@@ -196,6 +196,16 @@ fn a_hundred_queue_items_run_in_order_exactly_once_across_a_restart() {
         (1..=100).collect::<Vec<u32>>(),
         "out of order, lost or twice"
     );
+    // Regression: a queue task firing its next item as soon as it heard the last outcome
+    // used to find that run still "active" and be skipped by the overlap policy.
+    let skipped = runs_of(&env, "worker")
+        .into_iter()
+        .filter(|r| r["state"] == "skipped")
+        .count();
+    assert_eq!(
+        skipped, 0,
+        "sequential fires of one task were skipped as overlapping"
+    );
     assert!(std::fs::read_dir(env.state.join("queues/jobs"))
         .unwrap()
         .filter_map(|e| e.ok())

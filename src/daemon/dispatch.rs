@@ -187,8 +187,11 @@ impl Dispatcher {
             if let Err(e) = &outcome {
                 tracing::error!(workflow = %wf.id, run = %run_id, "run could not be carried out: {e}");
             }
-            let _ = reply.send(outcome);
+            // Free the slot first: a submitter that fires again as soon as it hears the
+            // outcome (a queue or file task) must not find its own finished run "active"
+            // and be skipped by the overlap policy.
             this.finished(&wf.id, &run_id);
+            let _ = reply.send(outcome);
         });
     }
 
