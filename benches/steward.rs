@@ -589,6 +589,8 @@ fn growth(dir: &Path, a: usize, b: usize) -> ((f64, u64), (f64, u64)) {
 }
 
 fn main() {
+    // As the steward binary does: keep fd 3 so steps start with posix_spawn.
+    steward::step::reserve_control_fd();
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--child-seen") {
         child_seen(

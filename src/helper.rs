@@ -32,8 +32,8 @@ pub async fn run(
     } else {
         program.into()
     };
-    let mut child = tokio::process::Command::new(&program)
-        .args(args)
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(args)
         .current_dir(cwd)
         .stdin(if input.is_some() {
             std::process::Stdio::piped()
@@ -43,9 +43,12 @@ pub async fn run(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+        .kill_on_drop(true);
+    let spawned = {
+        let _no_fd3_leak = crate::step::spawn_lock();
+        cmd.spawn()
+    };
+    let mut child = spawned.map_err(|e| format!("cannot start {}: {e}", program.display()))?;
     let pgid = child.id().map(|p| Pid::from_raw(p as i32));
     if let (Some(mut stdin), Some(bytes)) = (child.stdin.take(), input) {
         let bytes = bytes.to_vec();

@@ -315,10 +315,15 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd)> {
             "empty command",
         ));
     };
-    // Both ends are close-on-exec; only the dup onto fd 3 crosses into the child.
+    // Both ends are close-on-exec; only fd 3 crosses into the child.
     let (ctl_read, ctl_write) = std::io::pipe()?;
     let ctl_write_fd = ctl_write.as_raw_fd();
-    let mut cmd = Command::new(program);
+    let path = req
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
+    let mut cmd = Command::new(resolve_program(program, path));
     cmd.args(args)
         .current_dir(req.cwd)
         .env_clear()
@@ -328,25 +333,99 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd)> {
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe, and
-    // touches no memory shared with the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if ctl_write_fd == 3 {
-                // Already in place: just let it survive exec.
-                if libc::fcntl(3, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(ctl_write_fd, 3) == -1 {
+    let child = match RESERVED_FD3.get() {
+        // The fast path: std spawns with posix_spawn, which a pre_exec hook would turn
+        // into a fork of this whole process (half the throughput). The control pipe is put
+        // on our reserved fd 3 for the moment of the spawn, under a lock, so exactly this
+        // child inherits it there.
+        Some(placeholder) => {
+            let _one_at_a_time = spawn_lock();
+            // SAFETY: plain fd syscalls on descriptors this module owns (fd 3 is reserved).
+            if unsafe { libc::dup2(ctl_write_fd, 3) } == -1 {
                 return Err(std::io::Error::last_os_error());
             }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn()?;
+            let spawned = cmd.spawn();
+            // SAFETY: as above; fd 3 goes back to /dev/null, close-on-exec.
+            unsafe {
+                libc::dup2(*placeholder, 3);
+                libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+            spawned?
+        }
+        None => {
+            // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe,
+            // and touches no memory shared with the parent.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if ctl_write_fd == 3 {
+                        if libc::fcntl(3, libc::F_SETFD, 0) == -1 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    } else if libc::dup2(ctl_write_fd, 3) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            cmd.spawn()?
+        }
+    };
     // The parent's write end must close now, or fd 3 never reaches EOF.
     drop(ctl_write);
     Ok((child, OwnedFd::from(ctl_read)))
+}
+
+/// A /dev/null descriptor (not fd 3) that fd 3 is pointed back at between spawns; set
+/// once [`reserve_control_fd`] holds fd 3 for steward.
+static RESERVED_FD3: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+static SPAWN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Held while starting any other child process, so none can inherit a step's control
+/// pipe during the moment it sits on fd 3.
+pub fn spawn_lock() -> std::sync::MutexGuard<'static, ()> {
+    SPAWN_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Called first thing in `main`: if fd 3 is free, steward keeps it (on /dev/null) so steps
+/// can be started with posix_spawn and still find their control pipe on fd 3. If fd 3 is
+/// already taken (inherited), steps fall back to a pre-exec dup.
+pub fn reserve_control_fd() {
+    use std::os::fd::IntoRawFd;
+    let open = || std::fs::File::open("/dev/null").map(IntoRawFd::into_raw_fd);
+    match open() {
+        Ok(3) => {
+            if let Ok(other) = open() {
+                let _ = RESERVED_FD3.set(other);
+            }
+        }
+        Ok(fd) => close_fd(fd), // fd 3 was taken: leave everything as it is
+
+        Err(_) => {}
+    }
+}
+
+fn close_fd(fd: i32) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fd` was just opened by us and is owned by nobody else.
+    drop(unsafe { std::fs::File::from_raw_fd(fd) });
+}
+
+/// A bare program name resolved against the step's PATH (std would otherwise fall back to
+/// fork when PATH is set explicitly); a name with a `/`, or one not found, is left as is.
+fn resolve_program(program: &str, path: Option<&str>) -> std::path::PathBuf {
+    if program.contains('/') {
+        return program.into();
+    }
+    for dir in path.unwrap_or("").split(':').filter(|d| !d.is_empty()) {
+        let candidate = Path::new(dir).join(program);
+        if let Ok(m) = std::fs::metadata(&candidate) {
+            use std::os::unix::fs::PermissionsExt;
+            if m.is_file() && m.permissions().mode() & 0o111 != 0 {
+                return candidate;
+            }
+        }
+    }
+    program.into()
 }
 
 /// SIGTERM the group, wait out the grace, then SIGKILL; returns how the child ended.
