@@ -132,6 +132,7 @@ async fn handle(stream: UnixStream, shared: Arc<Shared>) -> Result<()> {
                             | Command::Validate
                             | Command::New(_)
                             | Command::Logs { .. }
+                            | Command::AgentStep { .. }
                     ) =>
                 {
                     Reply {

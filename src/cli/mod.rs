@@ -375,7 +375,9 @@ pub fn init_tracing(
                     .expect("static directive"),
             )
     };
+    // Colour only for a person at a terminal; journald and log files get plain text.
     let stderr = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .with_filter(filter());
     match log_dir {
