@@ -409,11 +409,7 @@ fn sigterm_with_a_run_in_flight_exits_within_the_grace_and_leaves_no_child() {
             .budget("max_tokens = 1\nmax_tool_calls = 1\nmax_runtime_s = 600\nmax_cost_usd = 1\n"),
     );
     let mut d = env.daemon(&["--grace", "1"]);
-    let client = env
-        .command(&["run", "slow", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let client = env.spawn(&["run", "slow", "--json"]);
     wait_for("the maker to start", Duration::from_secs(10), || {
         env.path("grandchild.pid").exists()
     });
@@ -612,20 +608,13 @@ fn overlap_skip_records_the_skipped_fire() {
         .top("overlap = \"skip\"\n"),
     );
     let _d = env.daemon(&[]);
-    let first = env
-        .command(&["run", "w", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let first = env.spawn(&["run", "w", "--json"]);
     wait_for("the first run", Duration::from_secs(10), || {
         env.path("started").exists()
     });
     let second = env.run("w", false);
     assert_eq!(second.state(), "skipped", "{second}");
-    assert!(second.json()["reason"]
-        .as_str()
-        .unwrap()
-        .contains("overlap = skip"));
+    assert!(second.reason().contains("overlap = skip"));
     let out = first.wait_with_output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"success\""));
 }
@@ -636,19 +625,11 @@ fn overlap_buffer_one_runs_one_waiting_fire_and_skips_the_rest() {
     let run = "cat >/dev/null\necho x >> \"$MARKS/starts\"\nsleep 0.7\necho '{}'\n";
     env.workflow(&Spec::new("w", run).dry().top("overlap = \"buffer_one\"\n"));
     let _d = env.daemon(&[]);
-    let first = env
-        .command(&["run", "w", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let first = env.spawn(&["run", "w", "--json"]);
     wait_for("the first run", Duration::from_secs(10), || {
         env.path("starts").exists()
     });
-    let second = env
-        .command(&["run", "w", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let second = env.spawn(&["run", "w", "--json"]);
     wait_for(
         "the second fire to be buffered",
         Duration::from_secs(5),
@@ -690,19 +671,11 @@ fn overlap_cancel_other_interrupts_the_running_one() {
             .top("overlap = \"cancel_other\"\n"),
     );
     let mut d = env.daemon(&["--grace", "0"]);
-    let first = env
-        .command(&["run", "w", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let first = env.spawn(&["run", "w", "--json"]);
     wait_for("the first run", Duration::from_secs(10), || {
         env.path("pids").exists()
     });
-    let second = env
-        .command(&["run", "w", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let second = env.spawn(&["run", "w", "--json"]);
     let out = first.wait_with_output().unwrap();
     let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rec["state"], "interrupted", "{rec}");

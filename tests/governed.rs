@@ -42,7 +42,7 @@ fn assert_exhausted(cap: &str) {
     let (_env, out) = breach(cap);
     assert_eq!(out.state(), "exhausted", "{out}");
     assert_eq!(out.code, 6, "{out}");
-    let reason = out.json()["reason"].as_str().unwrap().to_string();
+    let reason = out.reason().to_string();
     assert!(
         reason.contains(cap),
         "reason should name {cap}: {reason}\n{out}"
@@ -233,13 +233,7 @@ fn refire_with_same_key_is_a_clean_noop_that_starts_no_process() {
     assert_eq!(first.state(), "success", "{first}");
     let second = env.run("w", true);
     assert_eq!(second.state(), "clean-no-op", "{second}");
-    assert!(
-        second.json()["reason"]
-            .as_str()
-            .unwrap()
-            .contains(&first.run_id()),
-        "{second}"
-    );
+    assert!(second.reason().contains(&first.run_id()), "{second}");
     let starts = std::fs::read_to_string(env.path("starts")).unwrap();
     assert_eq!(starts.lines().count(), 1, "the re-fire started the maker");
     assert_eq!(env.ledger_lines().len(), 1, "double commit");
@@ -327,13 +321,7 @@ fn verify_fail_ends_failed_and_dead_lettered() {
     );
     let out = env.run("w", true);
     assert_eq!(out.state(), "failed", "{out}");
-    assert!(
-        out.json()["reason"]
-            .as_str()
-            .unwrap()
-            .contains("x must be 2"),
-        "{out}"
-    );
+    assert!(out.reason().contains("x must be 2"), "{out}");
     assert_eq!(env.dead_letter_ids(), vec![out.run_id()]);
     assert!(!env.ledger().exists());
 }
@@ -350,10 +338,7 @@ fn verify_verdict_by_exit_code() {
     assert_eq!(env.run("c", false).state(), "approval-required");
     let d = env.run("d", false);
     assert_eq!(d.state(), "failed", "{d}");
-    assert!(
-        d.json()["reason"].as_str().unwrap().contains("exit code 9"),
-        "{d}"
-    );
+    assert!(d.reason().contains("exit code 9"), "{d}");
 }
 
 #[test]
@@ -414,10 +399,7 @@ fn reject_frees_the_key_and_commits_nothing() {
     assert_eq!(reject.code, 0, "{reject}");
     assert!(!env.ledger().exists());
     let shown = env.steward(&["show", &out.run_id(), "--json"]);
-    assert!(shown.json()["reason"]
-        .as_str()
-        .unwrap()
-        .contains("wrong numbers"));
+    assert!(shown.reason().contains("wrong numbers"));
     // The key is free: the next fire runs (and escalates again).
     assert_eq!(env.run("w", true).state(), "approval-required");
 }
@@ -455,10 +437,7 @@ fn block_ends_blocked() {
     let out = env.run("w", true);
     assert_eq!(out.state(), "blocked", "{out}");
     assert_eq!(out.code, 4);
-    assert!(out.json()["reason"]
-        .as_str()
-        .unwrap()
-        .contains("upstream API is down"));
+    assert!(out.reason().contains("upstream API is down"));
     assert!(!env.ledger().exists());
     assert!(
         env.dead_letter_ids().is_empty(),
@@ -496,7 +475,7 @@ fn maker_crash_ends_failed_with_stderr_reason() {
     ));
     let out = env.run("w", true);
     assert_eq!(out.state(), "failed", "{out}");
-    let reason = out.json()["reason"].as_str().unwrap().to_string();
+    let reason = out.reason().to_string();
     assert!(
         reason.contains("exit code 3") && reason.contains("database unreachable"),
         "{reason}"
@@ -746,10 +725,7 @@ fn commit_killed_by_its_timeout_leaves_the_key_in_doubt() {
     env.steward(&["go-live", "w"]);
     let out = env.run("w", true);
     assert_eq!(out.state(), "failed", "{out}");
-    assert!(
-        out.json()["reason"].as_str().unwrap().contains("in doubt"),
-        "{out}"
-    );
+    assert!(out.reason().contains("in doubt"), "{out}");
     assert_eq!(env.run("w", true).state(), "blocked");
 }
 
@@ -796,13 +772,7 @@ fn missing_secret_env_fails_the_run_with_a_clear_reason() {
     );
     let out = env.run("w", true);
     assert_eq!(out.state(), "failed", "{out}");
-    assert!(
-        out.json()["reason"]
-            .as_str()
-            .unwrap()
-            .contains("STEWARD_TEST_UNSET_VAR"),
-        "{out}"
-    );
+    assert!(out.reason().contains("STEWARD_TEST_UNSET_VAR"), "{out}");
 }
 
 #[test]
@@ -827,11 +797,7 @@ fn sigterm_to_steward_run_kills_the_steps_and_records_interrupted() {
     let env = Env::new();
     let run = "cat >/dev/null\necho $$ > \"$MARKS/step.pid\"\nsleep 30\n";
     env.live_workflow(&Spec::new("w", run).key("k"));
-    let child = env
-        .command(&["run", "w", "--live", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = env.spawn(&["run", "w", "--live", "--json"]);
     wait_for("the maker", Duration::from_secs(10), || {
         env.path("step.pid").exists()
     });

@@ -39,6 +39,14 @@ impl Run {
             .to_string()
     }
 
+    /// The run's `reason`, from `--json` output.
+    pub fn reason(&self) -> String {
+        self.json()["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
     pub fn run_id(&self) -> String {
         self.json()["run_id"]
             .as_str()
@@ -218,6 +226,14 @@ impl Env {
             .env_remove("STEWARD_LOG")
             .current_dir(self.dir.path());
         cmd
+    }
+
+    /// Starts `steward ARGS` in the background with stdout captured.
+    pub fn spawn(&self, args: &[&str]) -> std::process::Child {
+        self.command(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn steward")
     }
 
     pub fn steward(&self, args: &[&str]) -> Run {
