@@ -557,35 +557,49 @@ fn du(path: &Path) -> u64 {
     total
 }
 
-/// Throughput and state size after `a` runs, then after `b` (same store, same process).
+/// Throughput and state size of a store that has recorded `a` runs and of one that has
+/// recorded `b`. The two are measured in alternating rounds (median of each), so the
+/// machine's noise falls on both alike instead of on whichever phase came second.
 fn growth(dir: &Path, a: usize, b: usize) -> ((f64, u64), (f64, u64)) {
     let cfg = config(dir, &[("bench".into(), true_workflow())]);
     let config = steward::config::load_dir(&cfg).unwrap();
-    let state = dir.join("state");
-    let (engine, _) = steward::governed::open(&state).unwrap();
     let wf = config.workflows["bench"].clone();
-    engine.go_live(&wf).unwrap();
     let rt = runtime();
-    let sample = 200.min(a);
-    let measure = |upto: usize, done: &mut usize| {
-        while *done + sample < upto {
-            rt.block_on(engine.execute(&wf, steward::governed::Fire::manual(None), true))
-                .unwrap();
-            *done += 1;
-        }
-        let t = Instant::now();
-        for _ in 0..sample {
-            rt.block_on(engine.execute(&wf, steward::governed::Fire::manual(None), true))
-                .unwrap();
-        }
-        *done += sample;
-        engine.store.flush().unwrap();
-        (sample as f64 / t.elapsed().as_secs_f64(), du(&state))
+    let open = |name: &str| {
+        let state = dir.join(name);
+        let (engine, _) = steward::governed::open(&state).unwrap();
+        engine.go_live(&wf).unwrap();
+        (engine, state)
     };
-    let mut done = 0;
-    let first = measure(a, &mut done);
-    let second = measure(b, &mut done);
-    (first, second)
+    let runs = |engine: &steward::governed::Engine, n: usize| {
+        for _ in 0..n {
+            rt.block_on(engine.execute(&wf, steward::governed::Fire::manual(None), true))
+                .unwrap();
+        }
+    };
+    let (small, small_state) = open("small");
+    let (big, big_state) = open("big");
+    runs(&small, a);
+    runs(&big, b);
+    let sample = 100.min(a);
+    let (mut t_small, mut t_big) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        for (engine, out) in [(&small, &mut t_small), (&big, &mut t_big)] {
+            let t = Instant::now();
+            runs(engine, sample);
+            out.push(sample as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    small.store.flush().unwrap();
+    big.store.flush().unwrap();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (
+        (median(&mut t_small), du(&small_state)),
+        (median(&mut t_big), du(&big_state)),
+    )
 }
 
 fn main() {
@@ -675,6 +689,9 @@ fn main() {
         ("enqueue → maker (ms)", queue),
         ("cron slot → maker (ms)", cron),
     ] {
+        if v.is_empty() {
+            continue; // not measured in this run (`--only`)
+        }
         let n = v.len();
         let (p50, p99, max) = dist(v);
         r.row(

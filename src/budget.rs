@@ -137,7 +137,9 @@ impl BudgetGuard {
                 })
             }
             Resource::CostUsd => {
-                self.cost_usd += amount;
+                // Saturate like the counters: two huge charges must not make +inf, which
+                // JSON cannot hold (the run record would not read back).
+                self.cost_usd = (self.cost_usd + amount).min(f64::MAX);
                 (self.cost_usd > self.caps.max_cost_usd + COST_EPSILON).then(|| Breach {
                     cap: Cap::CostUsd,
                     used: fmt_usd(self.cost_usd),
@@ -225,5 +227,18 @@ mod tests {
             g.charge(Resource::ToolCalls, 1.0).map(|b| b.cap),
             Some(Cap::ToolCalls)
         );
+    }
+
+    /// Found by the control-line fuzz target: 1e308 twice made the figure +inf.
+    #[test]
+    fn huge_cost_charges_saturate_and_stay_finite() {
+        let mut g = BudgetGuard::new(caps());
+        assert!(g.charge(Resource::CostUsd, 1e308).is_some());
+        assert!(g.charge(Resource::CostUsd, 1e308).is_some());
+        let figures = g.figures();
+        assert!(figures.cost_usd.is_finite());
+        let json = serde_json::to_string(&figures).unwrap();
+        let back: Figures = serde_json::from_str(&json).expect("figures read back");
+        assert_eq!(back.cost_usd, f64::MAX);
     }
 }

@@ -350,6 +350,42 @@ pub struct Settings {
     /// How digests are mailed.
     #[serde(default)]
     pub smtp: Option<Smtp>,
+    /// How many finished run records the store keeps.
+    #[serde(default)]
+    pub retention: Option<RetentionSettings>,
+}
+
+/// `[retention]` in steward.toml: run records beyond either limit are pruned, oldest
+/// first (dead letters keep their own copy; runs awaiting review are kept).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Newest run records kept (default 10,000).
+    #[serde(default)]
+    pub runs: Option<usize>,
+    /// Days a run record is kept (default 30).
+    #[serde(default)]
+    pub days: Option<u32>,
+}
+
+impl Settings {
+    /// The store's retention: the `[retention]` table over the defaults.
+    pub fn retention(&self) -> crate::store::Retention {
+        let default = crate::store::Retention::default();
+        let r = self.retention.clone().unwrap_or_default();
+        crate::store::Retention {
+            runs: r.runs.unwrap_or(default.runs),
+            days: r.days.unwrap_or(default.days),
+        }
+    }
+
+    /// steward.toml in `root`, or the defaults when it is missing or does not parse
+    /// (commands that only read the store should not fail on it; `validate` reports it).
+    pub fn load_lenient(root: &Path) -> Settings {
+        read_toml::<Settings>(&root.join("steward.toml"))
+            .map(|(s, _)| s)
+            .unwrap_or_default()
+    }
 }
 
 /// `[smtp]` in steward.toml. Credentials are env var names, never values.
@@ -516,7 +552,19 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
 /// Loads and validates one workflow file. `root` is the config folder that relative
 /// command paths and `cwd` resolve against.
 pub fn load_file(root: &Path, file: &Path) -> Result<Workflow, Vec<ConfigError>> {
-    let (raw, (text, bytes)) = read_toml::<RawWorkflow>(file).map_err(|e| vec![e])?;
+    let bytes = std::fs::read(file)
+        .map_err(|e| vec![whole_file_error(file, &format!("cannot read: {e}"))])?;
+    parse_workflow(root, file, bytes)
+}
+
+/// Parses and validates a workflow file's bytes; `file` only names it in errors.
+/// Never panics, whatever the bytes (a fuzz target holds it to that).
+pub fn parse_workflow(
+    root: &Path,
+    file: &Path,
+    bytes: Vec<u8>,
+) -> Result<Workflow, Vec<ConfigError>> {
+    let (raw, (text, bytes)) = parse_toml::<RawWorkflow>(file, bytes).map_err(|e| vec![e])?;
     let mut v = Validator {
         file,
         text: &text,
@@ -549,6 +597,14 @@ pub fn read_toml<T: serde::de::DeserializeOwned>(
 ) -> Result<(T, (String, Vec<u8>)), ConfigError> {
     let bytes =
         std::fs::read(file).map_err(|e| whole_file_error(file, &format!("cannot read: {e}")))?;
+    parse_toml(file, bytes)
+}
+
+/// Parses TOML bytes; `file` only names them in errors.
+pub fn parse_toml<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    bytes: Vec<u8>,
+) -> Result<(T, (String, Vec<u8>)), ConfigError> {
     let text =
         String::from_utf8(bytes.clone()).map_err(|_| whole_file_error(file, "not valid UTF-8"))?;
     let value = toml::from_str(&text).map_err(|e| {

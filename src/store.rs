@@ -12,6 +12,8 @@
 //! and their reserved keys become *in doubt*, which only an operator can settle.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -36,7 +38,7 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
-static FLUSHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static FLUSHES: AtomicU64 = AtomicU64::new(0);
 
 /// Durable flushes made by this process so far (what the benchmarks count per run).
 pub fn flush_count() -> u64 {
@@ -209,9 +211,34 @@ pub struct Recovery {
     pub keys_in_doubt: Vec<KeyRecord>,
 }
 
+/// How many finished run records the store keeps. Dead letters keep their own copy of
+/// the run, and runs still running or awaiting review are never pruned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retention {
+    /// At most this many run records (newest kept).
+    pub runs: usize,
+    /// And none older than this many days.
+    pub days: u32,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            runs: 10_000,
+            days: 30,
+        }
+    }
+}
+
+/// Finished runs recorded between two retention sweeps: a sweep reads every run key, so
+/// it runs now and then, not per run.
+const PRUNE_EVERY: u64 = 1_000;
+
 #[derive(Clone)]
 pub struct Store {
     db: sled::Db,
+    retention: Arc<std::sync::Mutex<Retention>>,
+    finished_since_prune: Arc<AtomicU64>,
     runs: sled::Tree,
     active: sled::Tree,
     keys: sled::Tree,
@@ -240,6 +267,8 @@ impl Store {
                 },
             })?;
         let store = Store {
+            retention: Arc::default(),
+            finished_since_prune: Arc::default(),
             runs: db.open_tree("runs")?,
             active: db.open_tree("active")?,
             keys: db.open_tree("keys")?,
@@ -308,8 +337,45 @@ impl Store {
             self.active.insert(run.run_id.as_bytes(), &[])?;
         } else {
             self.active.remove(run.run_id.as_bytes())?;
+            if self.finished_since_prune.fetch_add(1, Ordering::Relaxed) + 1 >= PRUNE_EVERY {
+                self.finished_since_prune.store(0, Ordering::Relaxed);
+                self.prune_runs(Utc::now())?;
+            }
         }
         Ok(())
+    }
+
+    /// Sets how many run records are kept; takes effect at the next sweep.
+    pub fn set_retention(&self, retention: Retention) {
+        *self.retention.lock().unwrap_or_else(|p| p.into_inner()) = retention;
+    }
+
+    /// Deletes run records beyond the retention (the oldest first); returns how many.
+    /// Called every [`PRUNE_EVERY`] finished runs and at daemon start.
+    pub fn prune_runs(&self, now: DateTime<Utc>) -> Result<usize> {
+        let retention = *self.retention.lock().unwrap_or_else(|p| p.into_inner());
+        // Run ids start with their start time, so key order is age order.
+        let cutoff = (now - chrono::Duration::days(i64::from(retention.days)))
+            .format("%Y%m%dT%H%M%S%3f")
+            .to_string();
+        let mut doomed = Vec::new();
+        for (newer, key) in self.runs.iter().keys().rev().enumerate() {
+            let key = key?;
+            if newer < retention.runs && key.as_ref() >= cutoff.as_bytes() {
+                continue;
+            }
+            if self.active.contains_key(&key)? || self.review.contains_key(&key)? {
+                continue;
+            }
+            doomed.push(key);
+        }
+        for key in &doomed {
+            self.runs.remove(key)?;
+        }
+        if !doomed.is_empty() {
+            tracing::debug!(pruned = doomed.len(), "old run records pruned");
+        }
+        Ok(doomed.len())
     }
 
     pub fn run(&self, id: &str) -> Result<Option<RunRecord>> {
@@ -577,4 +643,81 @@ fn all<T: DeserializeOwned>(tree: &sled::Tree, name: &'static str) -> Result<Vec
             decode(name, &k, &v)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(run_id: String, state: RunState) -> RunRecord {
+        RunRecord {
+            run_id,
+            workflow: "wf".into(),
+            config_hash: String::new(),
+            state,
+            reason: String::new(),
+            dry_run: false,
+            committed: false,
+            attempt: 1,
+            idempotency_key: None,
+            trigger: serde_json::Value::Null,
+            started_at: Utc::now(),
+            ended_at: None,
+            figures: Figures::default(),
+            breach: None,
+            output: None,
+            verify: None,
+            commit_output: None,
+            stderr: Default::default(),
+            notes: Vec::new(),
+            attempts: Vec::new(),
+            retry_of: None,
+            summary: None,
+        }
+    }
+
+    #[test]
+    fn retention_prunes_the_oldest_and_the_expired_but_never_running_or_reviewed_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let now = Utc::now();
+        // Run i started i hours ago; 40 days ago and older for the last five.
+        let id = |hours: i64| {
+            format!(
+                "{}-000000",
+                (now - chrono::Duration::hours(hours)).format("%Y%m%dT%H%M%S%3f")
+            )
+        };
+        let ages: Vec<i64> = (0..20).chain(960..965).collect();
+        for &h in &ages {
+            store.put_run(&record(id(h), RunState::Success)).unwrap();
+        }
+        // An old run still awaiting review and one still running (as far as the store knows).
+        store
+            .put_run(&record(id(970), RunState::ApprovalRequired))
+            .unwrap();
+        store.queue_review(&id(970)).unwrap();
+        store.put_run(&record(id(971), RunState::Running)).unwrap();
+
+        store.set_retention(Retention { runs: 12, days: 30 });
+        let pruned = store.prune_runs(now).unwrap();
+        let left: Vec<String> = store
+            .runs(|_| true, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        let mut expected: Vec<String> = (0..12).map(id).collect();
+        expected.extend([id(970), id(971)]);
+        assert_eq!(left, expected, "newest 12 kept, plus reviewed and running");
+        assert_eq!(pruned, 8 + 5);
+
+        // Age alone: with room for 1000 records, only the expired go.
+        store.set_retention(Retention {
+            runs: 1000,
+            days: 0,
+        });
+        store.prune_runs(now + chrono::Duration::hours(1)).unwrap();
+        assert_eq!(store.runs(|_| true, usize::MAX).unwrap().len(), 2);
+    }
 }

@@ -463,6 +463,9 @@ fn run_cli(cli: Cli) -> Result<i32> {
                 return Ok(0);
             }
             let engine = open_engine(&state)?;
+            engine
+                .store
+                .set_retention(crate::config::Settings::load_lenient(&config).retention());
             let ctx = Ctx {
                 engine,
                 config_dir: config,

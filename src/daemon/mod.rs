@@ -180,6 +180,12 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         }
         Err(e) => return Err(e).context("cannot open the state folder"),
     };
+    engine.store.set_retention(config.settings.retention());
+    match engine.store.prune_runs(chrono::Utc::now()) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("pruned {n} run record(s) past the retention"),
+        Err(e) => tracing::warn!("could not prune old run records: {e}"),
+    }
     for id in &recovery.interrupted_runs {
         tracing::warn!(run = %id, "run was in flight when steward last stopped: recorded interrupted");
     }

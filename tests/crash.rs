@@ -1,0 +1,252 @@
+//! The crash harness: a real daemon SIGKILLed again and again while live queue and
+//! file-drop workflows commit, restarted each time. At the end every item must be committed
+//! exactly once, or be listed by the operator commands as in doubt or dead-lettered.
+//!
+//! `cargo test` runs it small (40 items, 8 kills). The full size (200 items, 40 kills):
+//! `STEWARD_CRASH_FULL=1 cargo test --release --test crash -- --nocapture`.
+
+mod util;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use util::{process_gone, wait_for, Env, Spec};
+
+/// The maker names its item from the context on stdin: the queue payload's `n`, or the
+/// dropped file's content. It takes a little time, so kills land in every step. A step
+/// whose steward was killed before it wrote stdin sees no context and fails, as any real
+/// script handed nothing would.
+const MAKER: &str = r#"ctx=$(cat)
+id=$(printf '%s' "$ctx" | grep -o '"n":"[^"]*"' | head -1 | cut -d'"' -f4)
+if [ -z "$id" ]; then
+  path=$(printf '%s' "$ctx" | grep -o '"path":"[^"]*"' | head -1 | cut -d'"' -f4)
+  id=$(cat "$path")
+fi
+# No context (steward was killed before it wrote stdin): nothing to name, so fail.
+[ -n "$id" ] || exit 1
+sleep 0.03
+echo "{\"item\": \"$id\"}"
+"#;
+const CHECKER: &str = "cat >/dev/null\nsleep 0.01\necho '{\"verdict\": \"pass\"}'\n";
+/// The only side effect: one ledger line per commit.
+const COMMIT: &str = r#"ctx=$(cat)
+id=$(printf '%s' "$ctx" | grep -o '"item":"[^"]*"' | head -1 | cut -d'"' -f4)
+# An orphaned commit whose stdin was never written must not append an empty line.
+[ -n "$id" ] || exit 1
+sleep 0.01
+echo "$id" >> "$LEDGER"
+"#;
+
+/// A small xorshift: reproducible kill moments from a printed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Which step of a run the daemon is in, judged by its children at the moment of the kill.
+fn phase(daemon: i32) -> &'static str {
+    let mut phase = "between steps (store writes)";
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // Fields after the command name: state, ppid, ...
+        let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r) else {
+            continue;
+        };
+        let ppid: i32 = rest
+            .split(' ')
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        if ppid != daemon {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        for (needle, name) in [
+            ("-run.sh", "run"),
+            ("-verify.sh", "verify"),
+            ("-commit.sh", "commit"),
+        ] {
+            if cmdline.contains(needle) {
+                phase = name;
+            }
+        }
+    }
+    phase
+}
+
+fn json_list(env: &Env, args: &[&str]) -> Vec<Value> {
+    let out = env.steward(args);
+    assert_eq!(out.code, 0, "{out}");
+    out.json().as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn sigkilled_daemon_commits_every_item_once_or_lists_it() {
+    let full = std::env::var_os("STEWARD_CRASH_FULL").is_some();
+    let (per_kind, kills) = if full { (100, 40) } else { (20, 8) };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    println!("crash harness: seed {seed}");
+    let mut rng = Rng(seed);
+
+    let env = Env::new();
+    let drop = env.path("drop");
+    std::fs::create_dir_all(&drop).unwrap();
+    env.live_workflow(
+        &Spec::new("crashq", MAKER)
+            .trigger("queue = \"items\"")
+            .verify(CHECKER)
+            .commit(COMMIT),
+    );
+    env.live_workflow(
+        &Spec::new("crashf", MAKER)
+            .trigger(&format!(
+                "file = {{ path = \"{}\", pattern = \"*.item\", debounce_ms = 50 }}",
+                drop.display()
+            ))
+            .verify(CHECKER)
+            .commit(COMMIT),
+    );
+
+    // Items by idempotency key: a queue item's id, a file's sha256.
+    let mut items: BTreeMap<String, String> = BTreeMap::new();
+    for n in 0..per_kind {
+        let id = format!("q-{n}");
+        let out = env.steward(&[
+            "enqueue",
+            "items",
+            "--payload",
+            &format!("{{\"n\": \"{id}\"}}"),
+        ]);
+        assert_eq!(out.code, 0, "{out}");
+        let key = out
+            .stdout
+            .split_whitespace()
+            .nth(2)
+            .expect("enqueue names the item")
+            .to_string();
+        items.insert(key, id);
+    }
+    let drop_file = |n: usize| {
+        let id = format!("f-{n}");
+        let tmp = drop.join(format!(".{id}.tmp"));
+        std::fs::write(&tmp, &id).unwrap();
+        std::fs::rename(&tmp, drop.join(format!("{id}.item"))).unwrap();
+        (hex::encode(Sha256::digest(id.as_bytes())), id)
+    };
+
+    let mut phases: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut dropped = 0;
+    let started = Instant::now();
+    for _ in 0..kills {
+        let d = env.daemon(&[]);
+        // Files arrive while the daemon runs, a few per life.
+        for _ in 0..(per_kind / kills + 1) {
+            if dropped < per_kind {
+                items.extend([drop_file(dropped)]);
+                dropped += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20 + rng.below(400)));
+        let pid = d.pid();
+        *phases.entry(phase(pid)).or_default() += 1;
+        d.signal(Signal::SIGKILL);
+        wait_for(
+            "the killed daemon to be gone",
+            Duration::from_secs(10),
+            || process_gone(pid),
+        );
+        drop_daemon(d);
+    }
+    while dropped < per_kind {
+        items.extend([drop_file(dropped)]);
+        dropped += 1;
+    }
+
+    // A last life without kills: everything still pending runs to its end.
+    let mut d = env.daemon(&[]);
+    let spool = env.state.join("queues").join("items");
+    let claimed = env.state.join("claimed").join("crashf");
+    let pending = |dir: &std::path::Path| {
+        std::fs::read_dir(dir)
+            .map(|rd| rd.flatten().filter(|e| e.path().is_file()).count())
+            .unwrap_or(0)
+    };
+    wait_for("every item to be taken", Duration::from_secs(120), || {
+        pending(&spool) == 0 && pending(&drop) == 0 && pending(&claimed) == 0
+    });
+    d.stop(Duration::from_secs(15));
+
+    let ledger = env.ledger_lines();
+    let mut commits: BTreeMap<&str, usize> = BTreeMap::new();
+    for line in &ledger {
+        *commits.entry(line.as_str()).or_default() += 1;
+    }
+    let in_doubt: BTreeSet<String> = json_list(&env, &["in-doubt", "list", "--json"])
+        .iter()
+        .filter_map(|k| k["key"].as_str().map(str::to_string))
+        .collect();
+    let dead: BTreeSet<String> = json_list(&env, &["dead-letter", "list", "--json"])
+        .iter()
+        .filter_map(|e| e["run"]["idempotency_key"].as_str().map(str::to_string))
+        .collect();
+    let duplicates: Vec<&&str> = commits
+        .iter()
+        .filter(|(_, &n)| n > 1)
+        .map(|(k, _)| k)
+        .collect();
+    let unknown: Vec<&&str> = commits
+        .keys()
+        .filter(|id| !items.values().any(|v| v == **id))
+        .collect();
+    let lost: Vec<&String> = items
+        .iter()
+        .filter(|(key, id)| {
+            !commits.contains_key(id.as_str()) && !in_doubt.contains(*key) && !dead.contains(*key)
+        })
+        .map(|(_, id)| id)
+        .collect();
+    println!(
+        "items={} kills={} committed={} in_doubt={} dead={} duplicates={} lost={} ({:.0} s; kills by phase: {phases:?})",
+        items.len(),
+        kills,
+        commits.len(),
+        in_doubt.len(),
+        dead.len(),
+        duplicates.len(),
+        lost.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(items.len(), 2 * per_kind);
+    assert!(duplicates.is_empty(), "committed twice: {duplicates:?}");
+    assert!(unknown.is_empty(), "ledger lines for no item: {unknown:?}");
+    assert!(lost.is_empty(), "neither committed nor listed: {lost:?}");
+    assert!(
+        commits.len() >= items.len() / 2,
+        "most items should commit outright ({} of {})",
+        commits.len(),
+        items.len()
+    );
+}
+
+/// Reaps the killed daemon's process handle.
+fn drop_daemon(mut d: util::Daemon) {
+    if let Some(mut c) = d.child.take() {
+        let _ = c.wait();
+    }
+}
