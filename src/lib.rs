@@ -26,6 +26,7 @@ pub mod agent;
 pub mod budget;
 pub mod cli;
 pub mod config;
+pub mod containment;
 pub mod control;
 pub mod control_socket;
 pub mod daemon;

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::{Breach, BudgetGuard};
+use crate::containment::StepCgroup;
 use crate::control::{self, Message};
 
 /// How much of stdout is kept (the rest is drained and dropped).
@@ -193,7 +194,7 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     if req.cancel.is_cancelled() {
         return StepOutcome::new(Ending::Cancelled);
     }
-    let (mut child, ctl_read) = match spawn(&req) {
+    let (mut child, ctl_read, cgroup) = match spawn(&req) {
         Ok(pair) => pair,
         Err(e) => {
             let mut out = StepOutcome::new(Ending::SpawnFailed(format!(
@@ -272,9 +273,13 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
         };
         out.exit = stop_group(&mut child, pgid, grace).await;
     }
-    // Sweep: a grandchild left behind (even one that ignores SIGTERM) dies with its step.
+    // Sweep: a grandchild left behind (even one that ignores SIGTERM) dies with its step,
+    // and so does one that left the group (setsid) where the step has a cgroup.
     if let Some(pgid) = pgid {
         let _ = killpg(pgid, Signal::SIGKILL);
+    }
+    if let Some(cgroup) = cgroup {
+        cgroup.finish(CGROUP_DRAIN).await;
     }
     out.ending = ending;
 
@@ -308,7 +313,10 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     out
 }
 
-fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd)> {
+/// The longest a step's end waits for its killed cgroup to empty.
+const CGROUP_DRAIN: Duration = Duration::from_secs(1);
+
+fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepCgroup>)> {
     let Some((program, args)) = req.argv.split_first() else {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -323,6 +331,7 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd)> {
         .iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_str());
+    let cgroup = StepCgroup::create();
     let mut cmd = Command::new(resolve_program(program, path));
     cmd.args(args)
         .current_dir(req.cwd)
@@ -350,7 +359,9 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd)> {
                 libc::dup2(*placeholder, 3);
                 libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC);
             }
-            spawned?
+            let child = spawned?;
+            contain(&cgroup, &child);
+            child
         }
         None => {
             // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe,
@@ -367,12 +378,23 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd)> {
                     Ok(())
                 });
             }
-            cmd.spawn()?
+            let child = cmd.spawn()?;
+            contain(&cgroup, &child);
+            child
         }
     };
     // The parent's write end must close now, or fd 3 never reaches EOF.
     drop(ctl_write);
-    Ok((child, OwnedFd::from(ctl_read)))
+    Ok((child, OwnedFd::from(ctl_read), cgroup))
+}
+
+/// Moves a just-spawned step into its cgroup, before it has had time to start children.
+fn contain(cgroup: &Option<StepCgroup>, child: &Child) {
+    if let (Some(cg), Some(pid)) = (cgroup, child.id()) {
+        if let Err(e) = cg.adopt(pid) {
+            tracing::warn!("cannot move step {pid} into its cgroup: {e}; it is contained by its process group only");
+        }
+    }
 }
 
 /// A /dev/null descriptor (not fd 3) that fd 3 is pointed back at between spawns; set

@@ -152,7 +152,7 @@ impl Shared {
             "waiting": self.dispatcher.waiting(),
             "workflows": workflows,
             "webhook_listen": self.webhook_addr.lock().unwrap_or_else(|p| p.into_inner()).map(|a| a.to_string()),
-            "process_containment": "process groups (each step and its children are killed as a group); cgroups are not used",
+            "process_containment": crate::containment::describe(),
         }))
     }
 }
@@ -225,6 +225,14 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         workflows = shared.config().workflows.len(),
         "steward daemon ready"
     );
+    match crate::containment::current() {
+        crate::containment::Containment::Cgroup(_) => {
+            tracing::info!("containment: {}", crate::containment::describe())
+        }
+        crate::containment::Containment::ProcessGroups(_) => {
+            tracing::warn!("containment: {}", crate::containment::describe())
+        }
+    }
 
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
     loop {
