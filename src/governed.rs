@@ -1084,10 +1084,13 @@ fn step_env(wf: &Workflow) -> std::result::Result<StepEnv, (String, Redactor)> {
     for (name, value) in &wf.env {
         let v = match value {
             EnvValue::Literal { value, .. } => value.clone(),
-            EnvValue::FromEnv { var, .. } => match std::env::var(var) {
-                Ok(v) => v,
-                Err(_) => {
-                    missing.push(format!("env.{name} needs ${var}, which is not set"));
+            EnvValue::FromEnv { var, .. } => match crate::secret::lookup(var) {
+                Some(v) => v,
+                None => {
+                    missing.push(format!(
+                        "env.{name} needs ${var}, which is not set ({})",
+                        crate::secret::where_to_set(var)
+                    ));
                     continue;
                 }
             },

@@ -36,6 +36,7 @@ pub mod helper;
 pub mod redact;
 pub mod runlog;
 pub mod scaffold;
+pub mod secret;
 pub mod step;
 pub mod store;
 pub mod template;

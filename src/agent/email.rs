@@ -134,14 +134,22 @@ fn transport(smtp: &Smtp) -> Result<AsyncSmtpTransport<Tokio1Executor>, String> 
     }
     b = b.timeout(Some(Duration::from_secs(30)));
     if let Some(user_env) = &smtp.username_env {
-        let user = std::env::var(user_env)
-            .map_err(|_| format!("smtp username env var {user_env} is not set"))?;
+        let user = crate::secret::lookup(user_env).ok_or_else(|| {
+            format!(
+                "smtp username {user_env} is not set ({})",
+                crate::secret::where_to_set(user_env)
+            )
+        })?;
         let pass_env = smtp
             .password_env
             .as_deref()
             .unwrap_or("STEWARD_SMTP_PASSWORD");
-        let pass = std::env::var(pass_env)
-            .map_err(|_| format!("smtp password env var {pass_env} is not set"))?;
+        let pass = crate::secret::lookup(pass_env).ok_or_else(|| {
+            format!(
+                "smtp password {pass_env} is not set ({})",
+                crate::secret::where_to_set(pass_env)
+            )
+        })?;
         b = b.credentials(Credentials::new(user, pass));
     }
     Ok(b.build())

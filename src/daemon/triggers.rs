@@ -138,12 +138,11 @@ impl Triggers {
         let mut routes = HashMap::new();
         for (k, wf) in &wanted {
             if let Trigger::Webhook(w) = &wf.trigger {
-                let secret = std::env::var(&w.secret_env)
-                    .ok()
+                let secret = crate::secret::lookup(&w.secret_env)
                     .filter(|s| !s.is_empty())
                     .map(String::into_bytes);
                 if secret.is_none() {
-                    tracing::error!(workflow = %wf.id, "webhook secret env var {} is not set: its endpoint answers 503", w.secret_env);
+                    tracing::error!(workflow = %wf.id, "webhook secret {} is not set ({}): its endpoint answers 503", w.secret_env, crate::secret::where_to_set(&w.secret_env));
                 }
                 routes.insert(
                     w.path.clone(),
