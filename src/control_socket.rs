@@ -188,14 +188,14 @@ pub fn forward(state: &Path, argv: &[String]) -> Result<Option<Reply>> {
         argv: argv.to_vec(),
     })?;
     req.push(b'\n');
-    stream
-        .write_all(&req)
-        .with_context(|| format!("cannot talk to the daemon at {}", path.display()))?;
+    // A refusal is written before the request is read: if sending fails, the answer
+    // may still be waiting, so read it before reporting the failed send.
+    let sent = stream.write_all(&req);
     let mut line = String::new();
-    BufReader::new(stream)
-        .read_line(&mut line)
-        .context("the daemon closed the control socket without answering")?;
+    let read = BufReader::new(stream).read_line(&mut line);
     if line.trim().is_empty() {
+        sent.with_context(|| format!("cannot talk to the daemon at {}", path.display()))?;
+        read.context("the daemon closed the control socket without answering")?;
         bail!("the daemon closed the control socket without answering (is it stopping?)");
     }
     Ok(Some(

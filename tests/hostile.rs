@@ -1,0 +1,394 @@
+//! Hostile input: names that try to climb out of their folders, symlinks in watched
+//! folders, 100 MB file drops and webhook bodies, header injection through feed titles,
+//! and a control-socket client of another user. Each gets a clear refusal or bounded,
+//! correct handling, and the daemon keeps running.
+
+mod util;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use util::{runs_of, wait_for, Env, Spec};
+
+const QUICK: &str = "cat >/dev/null\necho '{\"ok\": true}'\n";
+const HUNDRED_MB: usize = 100 << 20;
+
+/// Peak resident memory of a process, in KiB.
+fn hwm_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every file under `dir`, recursively (to prove nothing was written outside a folder).
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn names_that_climb_out_of_their_folders_are_refused_everywhere() {
+    let env = Env::new();
+    // The example config: a real agency and agent, so only the bad id can be refused.
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/."))
+        .arg(&env.config)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let outside_before = files_under(env.dir.path()).len();
+    // (A NUL cannot travel in argv; the config cases below carry one.)
+    let bad_names = ["../escape", "/tmp/abs", "a/../../b", ".."];
+    for bad in bad_names {
+        // Queue names.
+        let refused = |args: &[&str], says: &str| {
+            let out = env.steward(args);
+            assert!(
+                out.code != 0 && out.stderr.contains(says),
+                "{args:?} must be refused saying `{says}`:\n{out}"
+            );
+        };
+        refused(
+            &["enqueue", bad, "--payload", "{}"],
+            "is not a valid queue name",
+        );
+        refused(&["new", bad], "is not a valid workflow id");
+        refused(
+            &["case", "open", "--agency", "docs-team", "--case", bad],
+            "is not allowed",
+        );
+        // Agent names are looked up among the loaded ones, never used as a path.
+        refused(&["digest", bad], "no workflow named");
+    }
+    // Nothing was created anywhere but the state folder's own files.
+    let escaped: Vec<_> = files_under(env.dir.path())
+        .into_iter()
+        .filter(|p| !p.starts_with(&env.state) && !p.starts_with(&env.config))
+        .collect();
+    assert!(
+        escaped.len() <= outside_before,
+        "files appeared outside config/ and state/: {escaped:?}"
+    );
+    assert!(!Path::new("/tmp/abs").exists());
+
+    // The same names in config files: validation names the file and the field.
+    for (file, text, field) in [
+        (
+            "workflows/a.toml",
+            "id = \"../a\"\n[trigger]\nmanual = true\n[run]\ncommand = [\"true\"]\n[verify]\ncommand = [\"true\"]\n",
+            "id",
+        ),
+        (
+            "workflows/b.toml",
+            "id = \"b\"\n[trigger]\nqueue = \"../../etc\"\n[run]\ncommand = [\"true\"]\n[verify]\ncommand = [\"true\"]\n",
+            "queue",
+        ),
+        (
+            "workflows/d.toml",
+            "id = \"d\\u0000x\"\n[trigger]\nqueue = \"q\\u0000\"\n[run]\ncommand = [\"true\"]\n[verify]\ncommand = [\"true\"]\n",
+            "id",
+        ),
+        (
+            "agents/c.toml",
+            "agent_name = \"../c\"\ncadence = \"daily\"\n[source_filter]\ntopic_tags = [\"x\"]\n",
+            "agent_name",
+        ),
+    ] {
+        let path = env.config.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        let out = env.steward(&["validate"]);
+        assert_ne!(out.code, 0, "{file}:\n{out}");
+        let all = format!("{}{}", out.stdout, out.stderr);
+        assert!(
+            all.contains(file.rsplit('/').next().unwrap()) && all.contains(field),
+            "{file}: the error names the file and `{field}`:\n{out}"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+#[test]
+fn a_bad_queue_item_is_set_aside_with_its_reason_and_the_next_one_runs() {
+    let env = Env::new();
+    env.live_workflow(&Spec::new("q", QUICK).trigger("queue = \"jobs\""));
+    let spool = env.state.join("queues/jobs");
+    std::fs::create_dir_all(&spool).unwrap();
+    // Not JSON, and a name no `steward enqueue` would make.
+    std::fs::write(spool.join("0000 -weird ünïcode.json"), b"{\"half\": ").unwrap();
+    std::fs::write(spool.join("0001-good.json"), b"{\"n\": 1}").unwrap();
+    let _d = env.daemon(&[]);
+    wait_for("the good item to commit", Duration::from_secs(15), || {
+        env.ledger_lines().len() == 1
+    });
+    let reason = std::fs::read_to_string(spool.join("rejected/0000 -weird ünïcode.json.reason"))
+        .expect("the bad item is set aside with its reason");
+    assert!(reason.contains("not JSON"), "{reason}");
+    assert_eq!(runs_of(&env, "q").len(), 1);
+}
+
+#[test]
+fn symlinks_in_a_watched_folder_are_never_followed() {
+    let env = Env::new();
+    let inbox = env.path("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let secret = env.path("secret.txt");
+    std::fs::write(&secret, "do not read").unwrap();
+    env.live_workflow(
+        &Spec::new("drop", "cat >/dev/null\necho '{\"ok\": true}'\n").trigger(&format!(
+            "file = {{ path = \"{}\", pattern = \"*.txt\", debounce_ms = 50 }}",
+            inbox.display()
+        )),
+    );
+    let _d = env.daemon(&[]);
+    std::os::unix::fs::symlink(&secret, inbox.join("link.txt")).unwrap();
+    std::os::unix::fs::symlink(env.path("."), inbox.join("dir.txt")).unwrap();
+    // A real file after them: once it has run, the links had their chance.
+    std::fs::write(env.path("real.tmp"), "real").unwrap();
+    std::fs::rename(env.path("real.tmp"), inbox.join("real.txt")).unwrap();
+    wait_for("the real file to run", Duration::from_secs(10), || {
+        runs_of(&env, "drop").len() == 1
+    });
+    let runs = runs_of(&env, "drop");
+    assert_eq!(runs[0]["trigger"]["name"], "real.txt", "{runs:?}");
+    // The links stay where they were, the target untouched and unclaimed.
+    assert!(inbox
+        .join("link.txt")
+        .symlink_metadata()
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "do not read");
+    assert!(files_under(&env.state.join("claimed"))
+        .iter()
+        .all(|p| !p.ends_with("link.txt")));
+}
+
+#[test]
+fn a_100_mb_file_drop_is_hashed_streaming_with_bounded_memory() {
+    let env = Env::new();
+    let inbox = env.path("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    env.live_workflow(
+        &Spec::new("big", QUICK).trigger(&format!(
+            "file = {{ path = \"{}\", pattern = \"*.bin\", debounce_ms = 50 }}",
+            inbox.display()
+        )),
+    );
+    let d = env.daemon(&[]);
+    let before = hwm_kib(d.pid());
+    let staged = env.path("big.part");
+    let mut hasher = Sha256::new();
+    {
+        let mut f = std::fs::File::create(&staged).unwrap();
+        let block: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        for _ in 0..100 {
+            f.write_all(&block).unwrap();
+            hasher.update(&block);
+        }
+    }
+    std::fs::rename(&staged, inbox.join("big.bin")).unwrap();
+    wait_for("the big file's run", Duration::from_secs(60), || {
+        runs_of(&env, "big").len() == 1
+    });
+    let run = &runs_of(&env, "big")[0];
+    assert_eq!(run["state"], "success", "{run}");
+    assert_eq!(run["trigger"]["size"], HUNDRED_MB as u64);
+    assert_eq!(
+        run["trigger"]["sha256"],
+        hex::encode(hasher.finalize()),
+        "{run}"
+    );
+    let grew = hwm_kib(d.pid()).saturating_sub(before);
+    assert!(
+        grew < 32 * 1024,
+        "the daemon's peak memory grew {grew} KiB for a 100 MB file"
+    );
+}
+
+#[test]
+fn a_100_mb_webhook_body_is_refused_without_being_buffered() {
+    let env = Env::new();
+    std::fs::write(
+        env.config.join("steward.toml"),
+        "webhook_listen = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    env.workflow(
+        &Spec::new("hook", QUICK)
+            .trigger("webhook = { path = \"/hooks/big\", secret_env = \"TEST_HOOK_SECRET\" }")
+            .dry(),
+    );
+    let d = env.daemon_env(&[], &[("TEST_HOOK_SECRET", "s3cret")]);
+    let addr = std::fs::read_to_string(env.state.join("webhook.addr"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let before = hwm_kib(d.pid());
+
+    // Declared up front: refused before a byte of the body is read.
+    let answer = post_streaming(&addr, Some(HUNDRED_MB));
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // Chunked, no length: refused once the cap (1 MiB by default) is passed.
+    let answer = post_streaming(&addr, None);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+
+    let grew = hwm_kib(d.pid()).saturating_sub(before);
+    assert!(
+        grew < 32 * 1024,
+        "the daemon's peak memory grew {grew} KiB for 100 MB bodies"
+    );
+    assert!(runs_of(&env, "hook").is_empty());
+    assert_eq!(env.steward(&["status"]).code, 0);
+}
+
+/// POSTs 100 MB (with a Content-Length, or chunked) and returns the response head; the
+/// server may stop reading early, so write errors end the sending, not the test.
+fn post_streaming(addr: &str, length: Option<usize>) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let framing = match length {
+        Some(n) => format!("Content-Length: {n}"),
+        None => "Transfer-Encoding: chunked".to_string(),
+    };
+    let head = format!(
+        "POST /hooks/big HTTP/1.1\r\nHost: {addr}\r\nX-Steward-Timestamp: 1\r\nX-Steward-Signature: sha256=00\r\n{framing}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let block = vec![b'x'; 1 << 20];
+    for _ in 0..100 {
+        let sent = match length {
+            Some(_) => s.write_all(&block),
+            None => s
+                .write_all(format!("{:x}\r\n", block.len()).as_bytes())
+                .and_then(|_| s.write_all(&block))
+                .and_then(|_| s.write_all(b"\r\n")),
+        };
+        if sent.is_err() {
+            break;
+        }
+    }
+    if length.is_none() {
+        let _ = s.write_all(b"0\r\n\r\n");
+    }
+    let mut buf = vec![0u8; 4096];
+    let n = s.read(&mut buf).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[test]
+fn a_feed_title_cannot_inject_mail_headers() {
+    let env = Env::new();
+    let smtp = util::smtp_server(&[]);
+    let feed = env.path("evil.xml");
+    std::fs::write(
+        &feed,
+        "<?xml version=\"1.0\"?><rss version=\"2.0\"><channel><title>evil</title>\
+         <item><title>Hello&#13;&#10;Bcc: thief@example.org&#13;&#10;Subject: pwned</title>\
+         <link>https://example.org/a</link><guid>a</guid>\
+         <pubDate>Tue, 01 Dec 2026 10:00:00 GMT</pubDate>\
+         <description>x&#13;&#10;&#13;&#10;Bcc: thief@example.org</description></item>\
+         </channel></rss>",
+    )
+    .unwrap();
+    std::fs::write(
+        env.config.join("sources.toml"),
+        format!(
+            "[[source]]\nname = \"evil\"\nkind = \"file\"\npath = \"{}\"\ntopic_tags = [\"t\"]\n",
+            feed.display()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(env.config.join("agents")).unwrap();
+    std::fs::write(
+        env.config.join("agents/mailer.toml"),
+        "agent_name = \"mailer\"\ncadence = \"daily\"\nverify_loadbearing = false\ncurate_findings = false\ndry_run = false\n[source_filter]\ntopic_tags = [\"t\"]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        env.config.join("steward.toml"),
+        format!("[smtp]\nhost = \"127.0.0.1\"\nport = {}\nsecurity = \"plain\"\nfrom = \"steward@example.org\"\n", smtp.port),
+    )
+    .unwrap();
+    std::fs::create_dir_all(env.path("vault/_config")).unwrap();
+    std::fs::write(
+        env.path("vault/_config/email-distribution.md"),
+        "- ada@example.org\n",
+    )
+    .unwrap();
+    assert_eq!(env.steward(&["go-live", "mailer"]).code, 0);
+    let out = env.steward(&["digest", "mailer"]);
+    assert_eq!(out.code, 0, "{out}");
+    let messages = smtp.messages.lock().unwrap().clone();
+    assert_eq!(messages.len(), 1, "{out}");
+    let (rcpts, data) = &messages[0];
+    assert_eq!(rcpts, &vec!["ada@example.org".to_string()], "no extra recipient");
+    let head = data.split("\r\n\r\n").next().unwrap_or_default();
+    assert!(!head.to_lowercase().contains("bcc"), "{head}");
+    assert_eq!(
+        head.lines()
+            .filter(|l| l.to_lowercase().starts_with("subject:"))
+            .count(),
+        1,
+        "{head}"
+    );
+    assert!(!head.contains("pwned"), "{head}");
+    assert!(data.contains("Hello"), "the item is in the body: {data}");
+}
+
+#[test]
+fn a_control_socket_client_of_another_user_is_refused() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to start a client as another user");
+        return;
+    }
+    let env = Env::new();
+    env.workflow(&Spec::new("w", QUICK).dry());
+    let _d = env.daemon(&[]);
+    let sock = env.state.join("steward.sock");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket is the owner's alone");
+    let nobody = |env: &Env| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_steward"))
+            .args(["status", "--state"])
+            .arg(&env.state)
+            .env_remove("STEWARD_STATE")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Layer one: the file mode (and the 0700 folders) keep other users out.
+    std::fs::set_permissions(env.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&env.state, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let (code, stderr) = nobody(&env);
+    assert_ne!(code, 0, "{stderr}");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+    // Layer two: even with the socket opened up, the daemon checks the peer's uid.
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (code, stderr) = nobody(&env);
+    assert_ne!(code, 0, "{stderr}");
+    assert!(stderr.contains("refused"), "{stderr}");
+    // The daemon's own user still gets in.
+    assert_eq!(env.steward(&["status"]).code, 0);
+}
