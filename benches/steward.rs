@@ -782,15 +782,9 @@ fn main() {
             format!("{:.2}", t2 / t1),
             json!({ "early": t1, "late": t2 }),
         );
-        for (name, early, late) in [
-            ("store", s1.0, s2.0),
-            ("state dir", s1.1, s2.1),
-        ] {
+        for (name, early, late) in [("store", s1.0, s2.0), ("state dir", s1.1, s2.1)] {
             r.row(
-                &format!(
-                    "{name} after {} vs {} runs (MiB)",
-                    s.growth.1, s.growth.0
-                ),
+                &format!("{name} after {} vs {} runs (MiB)", s.growth.1, s.growth.0),
                 format!("{:.1}", late as f64 / 1048576.0),
                 format!("{:.1}", early as f64 / 1048576.0),
                 format!("{:.1}", late as f64 / early.max(1) as f64),

@@ -771,9 +771,7 @@ fn a_secret_from_a_systemd_credential_file_reaches_the_step_and_is_redacted() {
     std::fs::create_dir_all(&creds).unwrap();
     std::fs::write(creds.join("TEST_CRED_TOKEN"), format!("{secret}\n")).unwrap();
     let run = "cat >/dev/null\nprintf '%s' \"$API_TOKEN\" > \"$MARKS/seen\"\necho \"note token $API_TOKEN\" >&3\necho 1\n";
-    env.live_workflow(
-        &Spec::new("w", run).env("API_TOKEN = { from_env = \"TEST_CRED_TOKEN\" }"),
-    );
+    env.live_workflow(&Spec::new("w", run).env("API_TOKEN = { from_env = \"TEST_CRED_TOKEN\" }"));
     let out = env.steward_env(
         &["run", "w", "--live", "--json"],
         &[("CREDENTIALS_DIRECTORY", creds.to_str().unwrap())],
@@ -781,7 +779,10 @@ fn a_secret_from_a_systemd_credential_file_reaches_the_step_and_is_redacted() {
     assert_eq!(out.state(), "success", "{out}");
     assert_eq!(std::fs::read_to_string(env.path("seen")).unwrap(), secret);
     assert!(out.runlog.contains("[REDACTED:API_TOKEN]"), "{out}");
-    assert!(!out.runlog.contains(secret) && !out.stdout.contains(secret), "{out}");
+    assert!(
+        !out.runlog.contains(secret) && !out.stdout.contains(secret),
+        "{out}"
+    );
 }
 
 #[test]

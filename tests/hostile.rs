@@ -185,12 +185,10 @@ fn a_100_mb_file_drop_is_hashed_streaming_with_bounded_memory() {
     let env = Env::new();
     let inbox = env.path("inbox");
     std::fs::create_dir_all(&inbox).unwrap();
-    env.live_workflow(
-        &Spec::new("big", QUICK).trigger(&format!(
-            "file = {{ path = \"{}\", pattern = \"*.bin\", debounce_ms = 50 }}",
-            inbox.display()
-        )),
-    );
+    env.live_workflow(&Spec::new("big", QUICK).trigger(&format!(
+        "file = {{ path = \"{}\", pattern = \"*.bin\", debounce_ms = 50 }}",
+        inbox.display()
+    )));
     let d = env.daemon(&[]);
     let before = hwm_kib(d.pid());
     let staged = env.path("big.part");
@@ -338,7 +336,11 @@ fn a_feed_title_cannot_inject_mail_headers() {
     let messages = smtp.messages.lock().unwrap().clone();
     assert_eq!(messages.len(), 1, "{out}");
     let (rcpts, data) = &messages[0];
-    assert_eq!(rcpts, &vec!["ada@example.org".to_string()], "no extra recipient");
+    assert_eq!(
+        rcpts,
+        &vec!["ada@example.org".to_string()],
+        "no extra recipient"
+    );
     let head = data.split("\r\n\r\n").next().unwrap_or_default();
     assert!(!head.to_lowercase().contains("bcc"), "{head}");
     assert_eq!(
