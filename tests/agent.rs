@@ -216,15 +216,6 @@ fn a_failing_and_a_hanging_source_are_listed_and_the_digest_is_still_written() {
     );
 }
 
-fn smtp_settings(port: u16) -> String {
-    format!("[smtp]\nhost = \"127.0.0.1\"\nport = {port}\nsecurity = \"plain\"\nfrom = \"steward@example.org\"\n")
-}
-
-fn distribution(env: &Env, list: &str) {
-    std::fs::create_dir_all(env.path("vault/_config")).unwrap();
-    std::fs::write(env.path("vault/_config/email-distribution.md"), list).unwrap();
-}
-
 #[test]
 fn a_real_smtp_server_receives_the_digest_for_each_recipient() {
     let env = Env::new();
@@ -233,10 +224,9 @@ fn a_real_smtp_server_receives_the_digest_for_each_recipient() {
         &env,
         &file_source("gh", "rss.xml"),
         NOOP_AGENT,
-        &smtp_settings(smtp.port),
+        &util::smtp_settings(smtp.port),
     );
-    distribution(
-        &env,
+    env.distribution(
         "# Readers\n- Ada <ada@example.org>\n- bob@example.org\n- carol@example.org\n",
     );
     env.steward(&["go-live", "noop-test-agent"]);
@@ -270,12 +260,9 @@ fn a_rejected_recipient_gives_two_of_three_and_is_listed() {
         &env,
         &file_source("gh", "rss.xml"),
         NOOP_AGENT,
-        &smtp_settings(smtp.port),
+        &util::smtp_settings(smtp.port),
     );
-    distribution(
-        &env,
-        "- ada@example.org\n- bob@example.org\n- carol@example.org\n",
-    );
+    env.distribution("- ada@example.org\n- bob@example.org\n- carol@example.org\n");
     env.steward(&["go-live", "noop-test-agent"]);
     let run = env.steward(&["digest", "noop-test-agent"]);
     let line = summary(&run);
@@ -300,9 +287,9 @@ fn smtp_down_does_not_roll_back_the_digest() {
         &env,
         &file_source("gh", "rss.xml"),
         NOOP_AGENT,
-        &smtp_settings(port),
+        &util::smtp_settings(port),
     );
-    distribution(&env, "- ada@example.org\n");
+    env.distribution("- ada@example.org\n");
     env.steward(&["go-live", "noop-test-agent"]);
     let run = env.steward(&["digest", "noop-test-agent"]);
     assert!(summary(&run).contains("email_failed=smtp:"), "{run}");
@@ -317,9 +304,9 @@ fn digest_dry_run_writes_nothing_and_sends_nothing() {
         &env,
         &file_source("gh", "rss.xml"),
         NOOP_AGENT,
-        &smtp_settings(smtp.port),
+        &util::smtp_settings(smtp.port),
     );
-    distribution(&env, "- ada@example.org\n");
+    env.distribution("- ada@example.org\n");
     env.steward(&["go-live", "noop-test-agent"]);
     let run = env.steward(&["digest", "noop-test-agent", "--dry-run"]);
     assert_eq!(run.code, 0, "{run}");

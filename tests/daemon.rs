@@ -267,10 +267,7 @@ fn webhook_with_a_good_signature_runs_a_bad_one_gets_401_and_runs_nothing() {
             .dry(),
     );
     let _d = env.daemon_env(&[], &[("TEST_HOOK_SECRET", "hook-secret-123")]);
-    let addr = std::fs::read_to_string(env.state.join("webhook.addr"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let addr = env.webhook_addr();
     let body = br#"{"event":"paid"}"#;
     let now = chrono::Utc::now().timestamp();
     let good = |body: &[u8]| {

@@ -263,15 +263,13 @@ fn a_feed_that_never_answers_and_smtp_down_leave_the_daemon_answering() {
         .port();
     std::fs::write(
         env.config.join("steward.toml"),
-        format!("[smtp]\nhost = \"127.0.0.1\"\nport = {closed_port}\nsecurity = \"plain\"\nfrom = \"steward@example.org\"\n"),
+        util::smtp_settings(closed_port),
     )
     .unwrap();
-    std::fs::create_dir_all(env.path("vault/_config")).unwrap();
-    std::fs::write(
-        env.path("vault/_config/email-distribution.md"),
-        "- ada@example.org\n",
-    )
-    .unwrap();
+    env.distribution(
+        "- ada@example.org
+",
+    );
     assert_eq!(env.steward(&["go-live", "noop-test-agent"]).code, 0);
     let d = env.daemon(&[]);
 

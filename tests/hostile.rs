@@ -202,8 +202,10 @@ fn a_100_mb_file_drop_is_hashed_streaming_with_bounded_memory() {
         }
     }
     std::fs::rename(&staged, inbox.join("big.bin")).unwrap();
-    wait_for("the big file's run", Duration::from_secs(60), || {
-        runs_of(&env, "big").len() == 1
+    wait_for("the big file's run to end", Duration::from_secs(60), || {
+        runs_of(&env, "big")
+            .first()
+            .is_some_and(|r| r["state"] != "running")
     });
     let run = &runs_of(&env, "big")[0];
     assert_eq!(run["state"], "success", "{run}");
@@ -234,10 +236,7 @@ fn a_100_mb_webhook_body_is_refused_without_being_buffered() {
             .dry(),
     );
     let d = env.daemon_env(&[], &[("TEST_HOOK_SECRET", "s3cret")]);
-    let addr = std::fs::read_to_string(env.state.join("webhook.addr"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let addr = env.webhook_addr();
     let before = hwm_kib(d.pid());
 
     // Declared up front: refused before a byte of the body is read.
@@ -321,15 +320,13 @@ fn a_feed_title_cannot_inject_mail_headers() {
     .unwrap();
     std::fs::write(
         env.config.join("steward.toml"),
-        format!("[smtp]\nhost = \"127.0.0.1\"\nport = {}\nsecurity = \"plain\"\nfrom = \"steward@example.org\"\n", smtp.port),
+        util::smtp_settings(smtp.port),
     )
     .unwrap();
-    std::fs::create_dir_all(env.path("vault/_config")).unwrap();
-    std::fs::write(
-        env.path("vault/_config/email-distribution.md"),
-        "- ada@example.org\n",
-    )
-    .unwrap();
+    env.distribution(
+        "- ada@example.org
+",
+    );
     assert_eq!(env.steward(&["go-live", "mailer"]).code, 0);
     let out = env.steward(&["digest", "mailer"]);
     assert_eq!(out.code, 0, "{out}");

@@ -335,6 +335,27 @@ pub fn read_pid(path: &Path) -> i32 {
 }
 
 /// A real `steward daemon` child process; killed (SIGKILL) on drop if still running.
+/// `[smtp]` settings for a plain-text SMTP server on loopback at `port`.
+pub fn smtp_settings(port: u16) -> String {
+    format!("[smtp]\nhost = \"127.0.0.1\"\nport = {port}\nsecurity = \"plain\"\nfrom = \"steward@example.org\"\n")
+}
+
+impl Env {
+    /// Writes the vault's email distribution list.
+    pub fn distribution(&self, list: &str) {
+        std::fs::create_dir_all(self.path("vault/_config")).unwrap();
+        std::fs::write(self.path("vault/_config/email-distribution.md"), list).unwrap();
+    }
+
+    /// Where the running daemon's webhook server listens.
+    pub fn webhook_addr(&self) -> String {
+        std::fs::read_to_string(self.state.join("webhook.addr"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+}
+
 pub struct Daemon {
     pub child: Option<std::process::Child>,
     pub log: PathBuf,
