@@ -6,8 +6,9 @@
 //! SIGKILL after the grace). Where steward may create cgroups under its own (a systemd
 //! unit with `Delegate=yes`, or root), every step is also moved into
 //! `<own cgroup>/steward-<pid>-<n>` right after it is spawned, and when the step ends the
-//! whole cgroup is killed (`cgroup.kill`) and removed. Where it may not, steward says so
-//! in `steward status` and at start-up, and relies on process groups alone.
+//! whole cgroup is killed (`cgroup.kill`); the emptied cgroup is kept for a later step.
+//! Where it may not, steward says so in `steward status` and at start-up, and relies on
+//! process groups alone.
 //!
 //! The move happens in steward right after the spawn returns (the spawn itself stays a
 //! fast `posix_spawn`), so a program that forks a new session within microseconds of its
@@ -18,7 +19,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How steps are contained on this machine, decided once per process.
@@ -32,6 +33,10 @@ pub enum Containment {
 
 static CONTAINMENT: OnceLock<Containment> = OnceLock::new();
 static SEQ: AtomicU64 = AtomicU64::new(0);
+/// Empty cgroups kept for the next steps: creating and removing one per step costs more
+/// than the step's own spawn.
+static POOL: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+const POOL_MAX: usize = 16;
 
 /// This process's containment (detected at first use).
 pub fn current() -> &'static Containment {
@@ -119,6 +124,18 @@ fn sweep_leftovers(base: &Path) {
     }
 }
 
+fn pool() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    POOL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes the kept empty cgroups; called as steward exits (a crash leaves them to the
+/// next start's sweep).
+pub fn release_all() {
+    for path in pool().drain(..) {
+        StepCgroup { path }.remove_blocking(Duration::ZERO);
+    }
+}
+
 /// One step's cgroup.
 #[derive(Debug)]
 pub struct StepCgroup {
@@ -132,6 +149,9 @@ impl StepCgroup {
         let Containment::Cgroup(base) = current() else {
             return None;
         };
+        if let Some(path) = pool().pop() {
+            return Some(StepCgroup { path });
+        }
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let path = base.join(format!("steward-{}-{n}", std::process::id()));
         match std::fs::create_dir(&path) {
@@ -186,15 +206,28 @@ impl StepCgroup {
         }
     }
 
-    /// Kills everything left in the cgroup and removes it, waiting (at most `limit`) for
-    /// the killed processes to be gone.
+    /// Kills everything left in the cgroup, waits (at most `limit`) for the killed
+    /// processes to be gone, and keeps the empty cgroup for a later step.
     pub async fn finish(self, limit: Duration) {
         self.kill();
         let deadline = Instant::now() + limit;
-        while !self.empty() && Instant::now() < deadline {
+        while !self.empty() {
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    "processes in {} outlived SIGKILL for {limit:?}; leaving it",
+                    self.path.display()
+                );
+                return;
+            }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        self.remove_blocking(Duration::ZERO);
+        let mut pool = pool();
+        if pool.len() < POOL_MAX {
+            pool.push(self.path);
+        } else {
+            drop(pool);
+            self.remove_blocking(Duration::ZERO);
+        }
     }
 
     fn remove_blocking(&self, limit: Duration) {

@@ -3,5 +3,7 @@
 fn main() {
     // Before anything opens a file: keep fd 3 for the steps' control channel.
     steward::step::reserve_control_fd();
-    std::process::exit(steward::cli::main());
+    let code = steward::cli::main();
+    steward::containment::release_all();
+    std::process::exit(code);
 }
