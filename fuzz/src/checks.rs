@@ -18,7 +18,11 @@ pub fn config(data: &[u8]) {
     if let Err(errors) = steward::config::parse_workflow(root, &file, data.to_vec()) {
         let lines = data.iter().filter(|&&b| b == b'\n').count() + 1;
         for e in errors {
-            assert!(e.line >= 1 && e.line <= lines, "error line {} of {lines}", e.line);
+            assert!(
+                e.line >= 1 && e.line <= lines,
+                "error line {} of {lines}",
+                e.line
+            );
         }
     }
     let _ = steward::config::parse_toml::<steward::config::Settings>(&file, data.to_vec());
@@ -101,7 +105,10 @@ pub fn webhook_body(data: &[u8]) {
     }
     let verdict = check_signature(SECRET, &headers, body, NOW);
     if resign {
-        assert!(verdict.is_ok(), "a correct signature was refused: {verdict:?}");
+        assert!(
+            verdict.is_ok(),
+            "a correct signature was refused: {verdict:?}"
+        );
         assert!(check_signature(b"other-secret", &headers, body, NOW).is_err());
     }
     let _ = decode_body(body);
