@@ -15,7 +15,7 @@ for t in "${targets[@]}"; do
   mkdir -p "$work/$t" corpus/$t
   log="$work/$t.log"
   cargo +nightly fuzz run -O "$t" "$work/$t" corpus/$t -- -max_total_time="$secs" -print_final_stats=1 >"$log" 2>&1 \
-    || { echo "$t: CRASH (see $log and fuzz/artifacts/$t)"; exit 1; }
+    || { echo "$t: FAILED: a crash or a build error (see $log and fuzz/artifacts/$t)"; exit 1; }
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
   echo "$t: ${secs}s, $execs execs, no crash"
   bin=target/x86_64-unknown-linux-gnu/release/$t
