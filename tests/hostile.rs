@@ -391,3 +391,41 @@ fn a_control_socket_client_of_another_user_is_refused() {
     // The daemon's own user still gets in.
     assert_eq!(env.steward(&["status"]).code, 0);
 }
+
+/// steward never needs root: a live run, end to end, as an unprivileged user that owns
+/// only its own folders (where it may not create cgroups, status says so and process
+/// groups still contain each step).
+#[test]
+fn a_live_run_works_as_an_unprivileged_user() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to become another user");
+        return;
+    }
+    let env = Env::new();
+    env.workflow(&Spec::new("w", QUICK));
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(env.dir.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let as_nobody = |args: &[&str]| {
+        let out = env
+            .command(args)
+            .env("HOME", env.dir.path())
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        env.result(args, out)
+    };
+    let out = as_nobody(&["go-live", "w"]);
+    assert_eq!(out.code, 0, "{out}");
+    let out = as_nobody(&["run", "w", "--live", "--json"]);
+    assert_eq!(out.state(), "success", "{out}");
+    assert_eq!(env.ledger_lines().len(), 1, "{out}");
+    let owner = std::os::unix::fs::MetadataExt::uid(
+        &std::fs::metadata(env.state.join("runlog.jsonl")).unwrap(),
+    );
+    assert_eq!(owner, 65534);
+}
