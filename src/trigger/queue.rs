@@ -200,6 +200,15 @@ pub fn decode_item(bytes: &[u8]) -> Result<Value, String> {
 mod tests {
     use super::*;
 
+    /// Found by the queue_item fuzz target: a number must survive the trip into a run's
+    /// context (serialize, parse again) unchanged.
+    #[test]
+    fn payload_numbers_round_trip_exactly() {
+        let item = decode_item(b"33333333000000000000001122270935").unwrap();
+        let again: Value = serde_json::from_str(&item.to_string()).unwrap();
+        assert_eq!(item, again);
+    }
+
     #[test]
     fn items_sort_in_arrival_order_and_bad_names_are_refused() {
         let dir = tempfile::tempdir().unwrap();
