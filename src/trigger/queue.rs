@@ -204,7 +204,7 @@ mod tests {
     /// context (serialize, parse again) unchanged.
     #[test]
     fn payload_numbers_round_trip_exactly() {
-        let item = decode_item(b"33333333000000000000001122270935").unwrap();
+        let item = decode_item(b"3333333300000000000001122270935").unwrap();
         let again: Value = serde_json::from_str(&item.to_string()).unwrap();
         assert_eq!(item, again);
     }
