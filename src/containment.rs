@@ -209,7 +209,10 @@ impl StepCgroup {
     /// Kills everything left in the cgroup, waits (at most `limit`) for the killed
     /// processes to be gone, and keeps the empty cgroup for a later step.
     pub async fn finish(self, limit: Duration) {
-        self.kill();
+        // The common case: the step and its children are gone already.
+        if !self.empty() {
+            self.kill();
+        }
         let deadline = Instant::now() + limit;
         while !self.empty() {
             if Instant::now() >= deadline {
