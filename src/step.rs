@@ -331,7 +331,6 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepC
         .iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_str());
-    let cgroup = StepCgroup::create();
     let mut cmd = Command::new(resolve_program(program, path));
     cmd.args(args)
         .current_dir(req.cwd)
@@ -342,7 +341,8 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepC
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let child = match RESERVED_FD3.get() {
+    // The cgroup is taken only once the spawn succeeded, so a failed spawn leaves none.
+    let (child, cgroup) = match RESERVED_FD3.get() {
         // The fast path: std spawns with posix_spawn, which a pre_exec hook would turn
         // into a fork of this whole process (half the throughput). The control pipe is put
         // on our reserved fd 3 for the moment of the spawn, under a lock, so exactly this
@@ -360,8 +360,8 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepC
                 libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC);
             }
             let child = spawned?;
-            contain(&cgroup, &child);
-            child
+            let cgroup = contain(&child);
+            (child, cgroup)
         }
         None => {
             // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe,
@@ -379,8 +379,8 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepC
                 });
             }
             let child = cmd.spawn()?;
-            contain(&cgroup, &child);
-            child
+            let cgroup = contain(&child);
+            (child, cgroup)
         }
     };
     // The parent's write end must close now, or fd 3 never reaches EOF.
@@ -388,13 +388,16 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepC
     Ok((child, OwnedFd::from(ctl_read), cgroup))
 }
 
-/// Moves a just-spawned step into its cgroup, before it has had time to start children.
-fn contain(cgroup: &Option<StepCgroup>, child: &Child) {
-    if let (Some(cg), Some(pid)) = (cgroup, child.id()) {
+/// Moves a just-spawned step into a cgroup of its own (a pooled one, usually), before it
+/// has had time to start children; None where cgroups are not used.
+fn contain(child: &Child) -> Option<StepCgroup> {
+    let cg = StepCgroup::create()?;
+    if let Some(pid) = child.id() {
         if let Err(e) = cg.adopt(pid) {
             tracing::warn!("cannot move step {pid} into its cgroup: {e}; it is contained by its process group only");
         }
     }
+    Some(cg)
 }
 
 /// A /dev/null descriptor (not fd 3) that fd 3 is pointed back at between spawns; set
