@@ -552,9 +552,7 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
 /// Loads and validates one workflow file. `root` is the config folder that relative
 /// command paths and `cwd` resolve against.
 pub fn load_file(root: &Path, file: &Path) -> Result<Workflow, Vec<ConfigError>> {
-    let bytes = std::fs::read(file)
-        .map_err(|e| vec![whole_file_error(file, &format!("cannot read: {e}"))])?;
-    parse_workflow(root, file, bytes)
+    parse_workflow(root, file, read_bytes(file).map_err(|e| vec![e])?)
 }
 
 /// Parses and validates a workflow file's bytes; `file` only names it in errors.
@@ -595,9 +593,11 @@ pub fn toml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 pub fn read_toml<T: serde::de::DeserializeOwned>(
     file: &Path,
 ) -> Result<(T, (String, Vec<u8>)), ConfigError> {
-    let bytes =
-        std::fs::read(file).map_err(|e| whole_file_error(file, &format!("cannot read: {e}")))?;
-    parse_toml(file, bytes)
+    parse_toml(file, read_bytes(file)?)
+}
+
+fn read_bytes(file: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(file).map_err(|e| whole_file_error(file, &format!("cannot read: {e}")))
 }
 
 /// Parses TOML bytes; `file` only names them in errors.

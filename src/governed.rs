@@ -1084,16 +1084,15 @@ fn step_env(wf: &Workflow) -> std::result::Result<StepEnv, (String, Redactor)> {
     for (name, value) in &wf.env {
         let v = match value {
             EnvValue::Literal { value, .. } => value.clone(),
-            EnvValue::FromEnv { var, .. } => match crate::secret::lookup(var) {
-                Some(v) => v,
-                None => {
-                    missing.push(format!(
-                        "env.{name} needs ${var}, which is not set ({})",
-                        crate::secret::where_to_set(var)
-                    ));
-                    continue;
+            EnvValue::FromEnv { var, .. } => {
+                match crate::secret::require(var, &format!("env.{name} needs ${var}, which")) {
+                    Ok(v) => v,
+                    Err(why) => {
+                        missing.push(why);
+                        continue;
+                    }
                 }
-            },
+            }
         };
         if value.is_secret() {
             secrets.push((name.clone(), v.clone()));

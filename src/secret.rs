@@ -18,6 +18,12 @@ pub fn lookup(name: &str) -> Option<String> {
     Some(text.strip_suffix('\n').unwrap_or(&text).to_string())
 }
 
+/// The secret called `name`, or an error that says what it is for (`what`) and where to
+/// put it.
+pub fn require(name: &str, what: &str) -> Result<String, String> {
+    lookup(name).ok_or_else(|| format!("{what} is not set ({})", where_to_set(name)))
+}
+
 /// Where to put a secret, for error messages.
 pub fn where_to_set(name: &str) -> String {
     format!("set env var {name} or a systemd credential of that name (LoadCredential={name}:FILE)")

@@ -52,7 +52,16 @@ fn names_that_climb_out_of_their_folders_are_refused_everywhere() {
         .status()
         .unwrap();
     assert!(copied.success());
-    let outside_before = files_under(env.dir.path()).len();
+    // Every file outside the state folder (config/ included: `new ../x` would land there).
+    let outside_state = || -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = files_under(env.dir.path())
+            .into_iter()
+            .filter(|p| !p.starts_with(&env.state))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = outside_state();
     // (A NUL cannot travel in argv; the config cases below carry one.)
     let bad_names = ["../escape", "/tmp/abs", "a/../../b", ".."];
     for bad in bad_names {
@@ -76,15 +85,8 @@ fn names_that_climb_out_of_their_folders_are_refused_everywhere() {
         // Agent names are looked up among the loaded ones, never used as a path.
         refused(&["digest", bad], "no workflow named");
     }
-    // Nothing was created anywhere but the state folder's own files.
-    let escaped: Vec<_> = files_under(env.dir.path())
-        .into_iter()
-        .filter(|p| !p.starts_with(&env.state) && !p.starts_with(&env.config))
-        .collect();
-    assert!(
-        escaped.len() <= outside_before,
-        "files appeared outside config/ and state/: {escaped:?}"
-    );
+    // Nothing was created anywhere but in the state folder.
+    assert_eq!(outside_state(), before, "files appeared outside state/");
     assert!(!Path::new("/tmp/abs").exists());
 
     // The same names in config files: validation names the file and the field.
