@@ -113,17 +113,21 @@ fn a_burst_of_files_and_a_deep_queue_commit_exactly_once_with_bounded_memory_and
     });
     let wall = started.elapsed();
     // Idle again: nothing in flight, descriptors back.
+    // The count is sampled until it is back at (or below) the baseline: a descriptor can
+    // be open for a moment (the status connection this loop makes is closed by the daemon
+    // just after the client has its answer), but one that never closes is a leak and fails
+    // here with the list of what is open.
     let idle = Instant::now() + Duration::from_secs(30);
-    loop {
+    let fds_after = loop {
         let st = env.steward(&["status", "--json"]).json();
-        if st["in_flight"].as_array().is_some_and(|a| a.is_empty()) && fds(pid) <= fds_before {
-            break;
+        let open = fds(pid);
+        if st["in_flight"].as_array().is_some_and(|a| a.is_empty()) && open <= fds_before {
+            break open;
         }
         assert!(
             Instant::now() < idle,
-            "not idle: in_flight {}, fds {} (were {fds_before}): {:?}",
+            "not idle or fd leak: in_flight {}, fds {open} (were {fds_before}): {:?}",
             st["in_flight"],
-            fds(pid),
             std::fs::read_dir(format!("/proc/{pid}/fd"))
                 .unwrap()
                 .flatten()
@@ -131,8 +135,7 @@ fn a_burst_of_files_and_a_deep_queue_commit_exactly_once_with_bounded_memory_and
                 .collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(50));
-    }
-    let fds_after = fds(pid);
+    };
     let hwm_mib = status_kib(pid, "VmHWM:") as f64 / 1024.0;
     d.stop(Duration::from_secs(30));
 
@@ -182,10 +185,6 @@ fn a_burst_of_files_and_a_deep_queue_commit_exactly_once_with_bounded_memory_and
         seen.len(),
         total,
         "every item (and the two warm-ups) exactly once"
-    );
-    assert!(
-        fds_after <= fds_before,
-        "fd leak: {fds_before} -> {fds_after}"
     );
     assert!(hwm_mib < 200.0, "peak RSS {hwm_mib:.1} MiB");
 }
