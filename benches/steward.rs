@@ -4,7 +4,7 @@
 //! `--quick` (the default) fits in about a minute; `--full` uses the sizes the targets are
 //! stated for (about ten minutes). `--smoke` is the tiny run `.ci/run` makes so this never rots.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -367,11 +367,18 @@ fn trigger_latency(
     cron_events: usize,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let starts = dir.join("starts.log");
-    let maker = dir.join("mark.sh");
-    // The maker notes when it started and which trigger fired it.
-    write_exe(&maker, &format!("ctx=$(cat)\nprintf '%s %s\\n' \"$(date +%s%N)\" \"$(printf '%s' \"$ctx\" | sed -n 's/.*\"scheduled_for\":\"\\([^\"]*\\)\".*/\\1/p')\" >> {}\n", starts.display()));
+    // The maker is this program (`--child-mark`): it notes the time as its first act, so
+    // the figure is trigger → maker running, not the maker's own start-up of a shell and
+    // the children it forks.
+    let maker = |log: &Path| {
+        format!(
+            "command = [\"{}\", \"--child-mark\", \"{}\"]",
+            std::env::current_exe().unwrap().display(),
+            log.display()
+        )
+    };
     let wf = |trigger: &str| {
-        format!("dry_run = true\noverlap = \"buffer_all\"\n[trigger]\n{trigger}\n{BUDGET}[run]\ncommand = [\"{}\"]\n[verify]\ncommand = [\"/bin/true\"]\n", maker.display())
+        format!("dry_run = true\noverlap = \"buffer_all\"\n[trigger]\n{trigger}\n{BUDGET}[run]\n{}\n[verify]\ncommand = [\"/bin/true\"]\n", maker(&starts))
     };
     let inbox = dir.join("inbox");
     std::fs::create_dir_all(&inbox).unwrap();
@@ -430,18 +437,7 @@ fn trigger_latency(
     let cron_dir = dir.join("cron");
     std::fs::create_dir_all(&cron_dir).unwrap();
     let starts_cron = cron_dir.join("starts.log");
-    let maker2 = cron_dir.join("mark.sh");
-    write_exe(
-        &maker2,
-        &std::fs::read_to_string(&maker)
-            .unwrap()
-            .replace(
-                &starts.display().to_string(),
-                &starts_cron.display().to_string(),
-            )
-            .replace("#!/bin/sh\n", ""),
-    );
-    let cfg2 = config(&cron_dir, &[("tick".into(), format!("dry_run = true\n[trigger]\nschedule = {{ cron = \"* * * * * *\" }}\n{BUDGET}[run]\ncommand = [\"{}\"]\n[verify]\ncommand = [\"/bin/true\"]\n", maker2.display()))]);
+    let cfg2 = config(&cron_dir, &[("tick".into(), format!("dry_run = true\n[trigger]\nschedule = {{ cron = \"* * * * * *\" }}\n{BUDGET}[run]\n{}\n[verify]\ncommand = [\"/bin/true\"]\n", maker(&starts_cron)))]);
     let (_d2, _) = start_daemon(&cfg2, &cron_dir.join("state"));
     let lines = wait_lines(
         &starts_cron,
@@ -480,8 +476,24 @@ fn cpu_ticks(pid: u32) -> f64 {
 
 /// Start-up time, idle RSS (KiB) and idle CPU (% of a core) with `n` scheduled workflows.
 fn scale(dir: &Path, n: usize, idle: Duration) -> (f64, f64, f64) {
+    // The trigger kinds that wait on something: half cron schedules, a quarter queues, a
+    // quarter watched folders (an idle watch must not poll its folder).
     let wfs: Vec<(String, String)> = (0..n)
-        .map(|i| (format!("wf{i:04}"), format!("dry_run = true\n[trigger]\nschedule = {{ cron = \"{} {} * * *\", timezone = \"Europe/Berlin\" }}\n{BUDGET}[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n", i % 60, (i / 60) % 24)))
+        .map(|i| {
+            let trigger = match i % 4 {
+                0 | 1 => format!(
+                    "schedule = {{ cron = \"{} {} * * *\", timezone = \"Europe/Berlin\" }}",
+                    i % 60,
+                    (i / 60) % 24
+                ),
+                2 => format!("queue = \"q{i}\""),
+                _ => {
+                    std::fs::create_dir_all(dir.join(format!("in{i}"))).unwrap();
+                    format!("file = {{ path = \"{}\", pattern = \"*.txt\" }}", dir.join(format!("in{i}")).display())
+                }
+            };
+            (format!("wf{i:04}"), format!("dry_run = true\n[trigger]\n{trigger}\n{BUDGET}[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n"))
+        })
         .collect();
     let cfg = config(dir, &wfs);
     let (d, startup) = start_daemon(&cfg, &dir.join("state"));
@@ -647,10 +659,33 @@ fn growth(dir: &Path, a: usize, b: usize) -> ((f64, StateBytes), (f64, StateByte
     )
 }
 
+/// The latency benchmark's maker: appends `<ns since the epoch at start> <scheduled_for>`.
+fn child_mark(log: &Path) {
+    let started = now_ns();
+    let mut ctx = String::new();
+    let _ = std::io::stdin().read_to_string(&mut ctx);
+    let slot = serde_json::from_str::<Value>(&ctx)
+        .ok()
+        .and_then(|c| c["trigger"]["scheduled_for"].as_str().map(String::from))
+        .unwrap_or_default();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(log)
+        .unwrap();
+    // One write, so lines from makers running side by side never interleave.
+    f.write_all(format!("{started} {slot}\n").as_bytes())
+        .unwrap();
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--child-mark") {
+        child_mark(Path::new(&args[2]));
+        return;
+    }
     // As the steward binary does: keep fd 3 so steps start with posix_spawn.
     steward::step::reserve_control_fd();
-    let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--child-seen") {
         child_seen(
             Path::new(&args[2]),

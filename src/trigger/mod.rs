@@ -11,7 +11,8 @@ pub mod webhook;
 use std::path::Path;
 use std::sync::Arc;
 
-use notify::{RecursiveMode, Watcher};
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::Notify;
 
 /// Wakes `wake` whenever something changes in `dir` (not recursive). The watcher stops
@@ -19,7 +20,7 @@ use tokio::sync::Notify;
 /// caller then relies on its own periodic look.
 pub fn watch_folder(dir: &Path, wake: Arc<Notify>) -> Option<notify::RecommendedWatcher> {
     let handler = move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
+        if res.is_ok_and(|event| changes_the_folder(&event.kind)) {
             wake.notify_one();
         }
     };
@@ -35,4 +36,16 @@ pub fn watch_folder(dir: &Path, wake: Arc<Notify>) -> Option<notify::Recommended
         return None;
     }
     Some(watcher)
+}
+
+/// Whether an event can mean a new or changed file. Opening or reading is not: every wake
+/// makes the trigger list the folder, and inotify reports that listing as an open of the
+/// folder; waking on it would make the watch wake itself for ever (a busy idle daemon).
+/// A file closed after writing is a change: a writer has just finished it.
+fn changes_the_folder(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
 }
