@@ -4,16 +4,16 @@
 //!
 //! Process groups remain the first line: a step is signalled as a group (SIGTERM, then
 //! SIGKILL after the grace). Where steward may create cgroups under its own (a systemd
-//! unit with `Delegate=yes`, or root), every step is also moved into
-//! `<own cgroup>/steward-<pid>-<n>` right after it is spawned, and when the step ends the
+//! unit with `Delegate=yes`, or root), every step also runs in
+//! `<own cgroup>/steward-<pid>-<n>`, and when the step ends the
 //! whole cgroup is killed (`cgroup.kill`); the emptied cgroup is kept for a later step.
 //! Where it may not, steward says so in `steward status` and at start-up, and relies on
 //! process groups alone.
 //!
-//! The move happens in steward right after the spawn returns (the spawn itself stays a
-//! fast `posix_spawn`), so a program that forks a new session within microseconds of its
-//! `exec` could in principle start that child before the move; anything it starts later,
-//! and everything its children start, is contained.
+//! A step is started straight into its cgroup (`clone3(CLONE_INTO_CGROUP)`, see
+//! [`crate::process`]). On kernels without it (before 5.7) the step is moved in just after
+//! its spawn returns, so a program that forks a new session within microseconds of its
+//! `exec` could in principle start that child before the move.
 //!
 //! `STEWARD_CONTAINMENT=process-group` turns cgroups off.
 
@@ -166,6 +166,20 @@ impl StepCgroup {
         }
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The cgroup's folder, open, for `clone3(CLONE_INTO_CGROUP)`.
+    pub fn open(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(&self.path)?;
+        Ok(dir.into())
+    }
+
     /// Moves a process (and so every child it starts from now on) into the cgroup.
     pub fn adopt(&self, pid: u32) -> std::io::Result<()> {
         std::fs::write(self.path.join("cgroup.procs"), pid.to_string())
@@ -207,10 +221,13 @@ impl StepCgroup {
     }
 
     /// Kills everything left in the cgroup, waits (at most `limit`) for the killed
-    /// processes to be gone, and keeps the empty cgroup for a later step.
+    /// processes to be gone, and keeps the empty cgroup for a later step, unless it had to
+    /// be killed: a cgroup once killed kills every process later started into it with
+    /// `clone3` (seen on Linux 6.18), so it is removed instead.
     pub async fn finish(self, limit: Duration) {
         // The common case: the step and its children are gone already.
-        if !self.empty() {
+        let killed = !self.empty();
+        if killed {
             self.kill();
         }
         let deadline = Instant::now() + limit;
@@ -224,6 +241,15 @@ impl StepCgroup {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+        if killed {
+            self.remove_blocking(Duration::ZERO);
+        } else {
+            self.recycle();
+        }
+    }
+
+    /// Keeps an empty cgroup for a later step (or removes it when enough are kept).
+    pub fn recycle(self) {
         let mut pool = pool();
         if pool.len() < POOL_MAX {
             pool.push(self.path);

@@ -33,6 +33,7 @@ pub mod daemon;
 pub mod drain;
 pub mod governed;
 pub mod helper;
+pub mod process;
 pub mod redact;
 pub mod runlog;
 pub mod scaffold;

@@ -9,6 +9,7 @@
 //! its step.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,13 +17,14 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::{Breach, BudgetGuard};
 use crate::containment::StepCgroup;
 use crate::control::{self, Message};
+use crate::process::{Launch, StepProcess};
 
 /// How much of stdout is kept (the rest is drained and dropped).
 pub const STDOUT_CAP: usize = 1 << 20;
@@ -205,8 +207,8 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
             return out;
         }
     };
-    // The group id is the child's pid (process_group(0)); known while the child is unreaped.
-    let pgid = child.id().map(|p| Pid::from_raw(p as i32));
+    // The group id is the child's pid (it was started in a process group of its own).
+    let pgid = Some(Pid::from_raw(child.pid as i32));
     let activity = Arc::new(Notify::new());
 
     if let Some(mut stdin) = child.stdin.take() {
@@ -238,7 +240,7 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
         let stall_at = req.stall_timeout.map(|s| last_progress + s);
         tokio::select! {
             status = child.wait() => {
-                out.exit = status.ok().map(exit_of);
+                out.exit = status.ok();
                 break Ending::Exited;
             }
             msg = ctl_rx.recv(), if ctl_open => match msg {
@@ -316,7 +318,7 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
 /// The longest a step's end waits for its killed cgroup to empty.
 const CGROUP_DRAIN: Duration = Duration::from_secs(1);
 
-fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepCgroup>)> {
+fn spawn(req: &StepRequest<'_>) -> std::io::Result<(StepProcess, OwnedFd, Option<StepCgroup>)> {
     let Some((program, args)) = req.argv.split_first() else {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -331,7 +333,43 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepC
         .iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_str());
-    let mut cmd = Command::new(resolve_program(program, path));
+    let program = resolve_program(program, path);
+    // Where steps get cgroups: straight into one (see `process`).
+    let mut cgroup = StepCgroup::create();
+    if let Some(cg) = cgroup.take() {
+        match cg.open() {
+            Ok(dir) => {
+                let launch = Launch {
+                    program: &program,
+                    argv: std::iter::once(program.as_os_str().as_bytes())
+                        .chain(args.iter().map(|a| a.as_bytes()))
+                        .collect(),
+                    env: req.env,
+                    cwd: req.cwd,
+                    control: ctl_write_fd,
+                };
+                match crate::process::spawn_into_cgroup(&launch, &dir) {
+                    Some(Ok(child)) => {
+                        drop(ctl_write);
+                        return Ok((child, OwnedFd::from(ctl_read), Some(cg)));
+                    }
+                    Some(Err(e)) => {
+                        cg.recycle();
+                        return Err(e);
+                    }
+                    None => cgroup = Some(cg),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "cannot open cgroup {}: {e}; moving the step into it after it starts",
+                    cg.path().display()
+                );
+                cgroup = Some(cg);
+            }
+        }
+    }
+    let mut cmd = Command::new(&program);
     cmd.args(args)
         .current_dir(req.cwd)
         .env_clear()
@@ -341,8 +379,7 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepC
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    // The cgroup is taken only once the spawn succeeded, so a failed spawn leaves none.
-    let (child, cgroup) = match RESERVED_FD3.get() {
+    let child = match RESERVED_FD3.get() {
         // The fast path: std spawns with posix_spawn, which a pre_exec hook would turn
         // into a fork of this whole process (half the throughput). The control pipe is put
         // on our reserved fd 3 for the moment of the spawn, under a lock, so exactly this
@@ -359,9 +396,7 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepC
                 libc::dup2(*placeholder, 3);
                 libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC);
             }
-            let child = spawned?;
-            let cgroup = contain(&child);
-            (child, cgroup)
+            spawned
         }
         None => {
             // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe,
@@ -378,26 +413,31 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(Child, OwnedFd, Option<StepC
                     Ok(())
                 });
             }
-            let child = cmd.spawn()?;
-            let cgroup = contain(&child);
-            (child, cgroup)
+            cmd.spawn()
+        }
+    };
+    let child = match child {
+        Ok(child) => StepProcess::from_tokio(child),
+        Err(e) => {
+            // A failed spawn leaves no cgroup in use.
+            if let Some(cg) = cgroup {
+                cg.recycle();
+            }
+            return Err(e);
         }
     };
     // The parent's write end must close now, or fd 3 never reaches EOF.
     drop(ctl_write);
-    Ok((child, OwnedFd::from(ctl_read), cgroup))
-}
-
-/// Moves a just-spawned step into a cgroup of its own (a pooled one, usually), before it
-/// has had time to start children; None where cgroups are not used.
-fn contain(child: &Child) -> Option<StepCgroup> {
-    let cg = StepCgroup::create()?;
-    if let Some(pid) = child.id() {
-        if let Err(e) = cg.adopt(pid) {
-            tracing::warn!("cannot move step {pid} into its cgroup: {e}; it is contained by its process group only");
+    // Without clone3: moved into its cgroup just after it started.
+    if let Some(cg) = &cgroup {
+        if let Err(e) = cg.adopt(child.pid) {
+            tracing::warn!(
+                "cannot move step {} into its cgroup: {e}; it is contained by its process group only",
+                child.pid
+            );
         }
     }
-    Some(cg)
+    Ok((child, OwnedFd::from(ctl_read), cgroup))
 }
 
 /// A /dev/null descriptor (not fd 3) that fd 3 is pointed back at between spawns; set
@@ -454,27 +494,18 @@ fn resolve_program(program: &str, path: Option<&str>) -> std::path::PathBuf {
 }
 
 /// SIGTERM the group, wait out the grace, then SIGKILL; returns how the child ended.
-async fn stop_group(child: &mut Child, pgid: Option<Pid>, grace: Duration) -> Option<Exit> {
+async fn stop_group(child: &mut StepProcess, pgid: Option<Pid>, grace: Duration) -> Option<Exit> {
     if let Some(pgid) = pgid {
         let _ = killpg(pgid, Signal::SIGTERM);
     }
     if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
-        return status.ok().map(exit_of);
+        return status.ok();
     }
     if let Some(pgid) = pgid {
         let _ = killpg(pgid, Signal::SIGKILL);
     }
-    let _ = child.start_kill();
-    child.wait().await.ok().map(exit_of)
-}
-
-fn exit_of(status: std::process::ExitStatus) -> Exit {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => Exit::Code(c),
-        (None, Some(s)) => Exit::Signal(s),
-        (None, None) => Exit::Code(-1),
-    }
+    child.start_kill();
+    child.wait().await.ok()
 }
 
 /// Reads to EOF, keeping the first `cap` bytes (or the last, with `tail`).
@@ -551,5 +582,78 @@ async fn read_control(
         let _ = tx
             .send(control::parse(&String::from_utf8_lossy(&line)))
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The supervisor on real processes, started whichever way this machine allows
+    //! (straight into a cgroup where steward may create them, `posix_spawn` elsewhere).
+    use super::*;
+
+    async fn run(argv: &[&str], cwd: &Path, stdin: &str) -> StepOutcome {
+        let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+        let env = vec![
+            ("PATH".to_string(), "/usr/bin:/bin".to_string()),
+            ("GREETING".to_string(), "hello from env".to_string()),
+        ];
+        run_step(
+            StepRequest {
+                kind: StepKind::Run,
+                argv: &argv,
+                cwd,
+                env: &env,
+                stdin: stdin.as_bytes().to_vec(),
+                timeout: Some(Duration::from_secs(30)),
+                kill_grace: Duration::from_secs(1),
+                stall_timeout: None,
+                cancel: CancellationToken::new(),
+            },
+            None,
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_step_gets_its_stdin_environment_folder_and_fd_3_and_its_exit_code_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = "cat; echo \"$GREETING\"; pwd; echo 'note from fd 3' >&3; \
+                      echo \"pgid=$(cut -d' ' -f5 /proc/$$/stat) pid=$$\"; exit 7";
+        let out = run(&["sh", "-c", script], dir.path(), "context on stdin\n").await;
+        assert_eq!(out.ending, Ending::Exited, "{out:?}");
+        assert_eq!(out.exit, Some(Exit::Code(7)), "{out:?}");
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(lines[0], "context on stdin");
+        assert_eq!(lines[1], "hello from env");
+        assert_eq!(Path::new(lines[2]), dir.path().canonicalize().unwrap());
+        assert_eq!(out.notes, vec!["from fd 3".to_string()]);
+        // A process group of its own: the group id is its pid.
+        let ids = lines[3].strip_prefix("pgid=").unwrap();
+        let (pgid, pid) = ids.split_once(" pid=").unwrap();
+        assert_eq!(pgid, pid, "{}", lines[3]);
+    }
+
+    #[tokio::test]
+    async fn a_step_killed_by_a_signal_reports_the_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = run(&["sh", "-c", "kill -TERM $$"], dir.path(), "").await;
+        assert_eq!(out.exit, Some(Exit::Signal(libc::SIGTERM)), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn a_program_that_cannot_be_executed_is_a_spawn_failure_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_exec = dir.path().join("plain.txt");
+        std::fs::write(&not_exec, "#!/bin/sh\necho hi\n").unwrap();
+        let out = run(&[not_exec.to_str().unwrap()], dir.path(), "").await;
+        match &out.ending {
+            Ending::SpawnFailed(e) => assert!(e.contains("Permission denied"), "{e}"),
+            other => panic!("expected a spawn failure, got {other:?}"),
+        }
+        let out = run(&["/bin/true"], &dir.path().join("no-such-folder"), "").await;
+        match &out.ending {
+            Ending::SpawnFailed(e) => assert!(e.contains("No such file"), "{e}"),
+            other => panic!("expected a spawn failure, got {other:?}"),
+        }
     }
 }

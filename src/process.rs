@@ -1,0 +1,439 @@
+//! A step's child process, and the one way to start it that needs code of our own:
+//! straight into its cgroup.
+//!
+//! Where steps get cgroups ([`crate::containment`]), a step is started with
+//! `clone3(CLONE_INTO_CGROUP)`: it is in its cgroup from its first instruction, so nothing
+//! it starts, however early, escapes the cgroup. Moving a process that is already running
+//! (writing its pid to `cgroup.procs`) would also work, but each move waits for an RCU
+//! grace period (7–20 ms measured on a small VM) while holding a lock that stalls every
+//! fork on the machine, and it leaves a window before the move. Elsewhere, and on kernels
+//! without `clone3` (before 5.7), the step is started by tokio's `Command` (`posix_spawn`).
+//!
+//! Either way the step supervisor gets the same [`StepProcess`]: pid, pipes, wait, kill.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest};
+
+use crate::step::Exit;
+
+pub type Input = Box<dyn AsyncWrite + Send + Unpin>;
+pub type Output = Box<dyn AsyncRead + Send + Unpin>;
+
+/// A running step: its pid (also its process group id), its pipes, and how to wait for it.
+pub struct StepProcess {
+    pub pid: u32,
+    pub stdin: Option<Input>,
+    pub stdout: Option<Output>,
+    pub stderr: Option<Output>,
+    child: Child,
+}
+
+enum Child {
+    Tokio(tokio::process::Child),
+    Pidfd(PidfdChild),
+}
+
+impl StepProcess {
+    /// A child started by tokio (its pipes taken out of it).
+    pub fn from_tokio(mut child: tokio::process::Child) -> StepProcess {
+        StepProcess {
+            pid: child.id().unwrap_or(0),
+            stdin: child.stdin.take().map(|s| Box::new(s) as Input),
+            stdout: child.stdout.take().map(|s| Box::new(s) as Output),
+            stderr: child.stderr.take().map(|s| Box::new(s) as Output),
+            child: Child::Tokio(child),
+        }
+    }
+
+    /// Waits for the process to exit and reaps it.
+    pub async fn wait(&mut self) -> io::Result<Exit> {
+        match &mut self.child {
+            Child::Tokio(c) => c.wait().await.map(exit_of),
+            Child::Pidfd(c) => c.wait().await,
+        }
+    }
+
+    /// SIGKILLs the process itself (its group and cgroup are the caller's to sweep).
+    pub fn start_kill(&mut self) {
+        match &mut self.child {
+            Child::Tokio(c) => {
+                let _ = c.start_kill();
+            }
+            Child::Pidfd(c) => c.kill(),
+        }
+    }
+}
+
+fn exit_of(status: std::process::ExitStatus) -> Exit {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => Exit::Code(c),
+        (None, Some(s)) => Exit::Signal(s),
+        (None, None) => Exit::Code(-1),
+    }
+}
+
+/// A child started by [`spawn_into_cgroup`], waited for through its pidfd.
+struct PidfdChild {
+    pid: libc::pid_t,
+    pidfd: AsyncFd<OwnedFd>,
+    reaped: bool,
+}
+
+impl PidfdChild {
+    async fn wait(&mut self) -> io::Result<Exit> {
+        loop {
+            // A pidfd is readable once its process has exited.
+            let mut ready = self.pidfd.readable().await?;
+            match reap(ready.get_inner().as_raw_fd(), libc::WNOHANG)? {
+                Some(exit) => {
+                    self.reaped = true;
+                    return Ok(exit);
+                }
+                None => ready.clear_ready(),
+            }
+        }
+    }
+
+    fn kill(&self) {
+        if !self.reaped {
+            // The pid cannot have been reused: the child is not reaped yet.
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// `waitid` on a pidfd; None if the process has not exited (with WNOHANG).
+fn reap(pidfd: RawFd, flags: libc::c_int) -> io::Result<Option<Exit>> {
+    // SAFETY: siginfo_t is plain data; waitid fills it (or leaves si_pid 0).
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pidfd and a valid pointer to `info`.
+    let rc = unsafe {
+        libc::waitid(
+            libc::P_PIDFD,
+            pidfd as libc::id_t,
+            &mut info,
+            libc::WEXITED | flags,
+        )
+    };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: waitid succeeded, so the fields for a SIGCHLD are set.
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    Ok(Some(match info.si_code {
+        libc::CLD_EXITED => Exit::Code(status),
+        _ => Exit::Signal(status),
+    }))
+}
+
+impl Drop for PidfdChild {
+    /// Like tokio's `kill_on_drop`: a step whose supervisor is dropped dies, and is reaped
+    /// off the async threads so no zombie stays behind.
+    fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
+        self.kill();
+        let Ok(fd) = self.pidfd.get_ref().try_clone() else {
+            return;
+        };
+        std::thread::spawn(move || reap(fd.as_raw_fd(), 0));
+    }
+}
+
+/// The kernel's `struct clone_args` (the first 88 bytes, which include `cgroup`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// Linux 5.7's flag (libc's constant is an overflowing `c_int`).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Set once `clone3` has proved unusable here (old kernel, seccomp), so it is not retried.
+static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+
+/// What a step is started with: the program (a path), its argv (the first entry is argv[0]),
+/// its whole environment, its working folder and the descriptor that becomes its fd 3.
+pub struct Launch<'a> {
+    pub program: &'a Path,
+    pub argv: Vec<&'a [u8]>,
+    pub env: &'a [(String, String)],
+    pub cwd: &'a Path,
+    pub control: RawFd,
+}
+
+/// Starts a step in the cgroup `cgroup` (an open cgroup v2 folder), in a process group of
+/// its own, with piped stdin, stdout and stderr. None if `clone3` cannot be used on this
+/// machine (the caller starts the step the other way); otherwise the spawn's result, with
+/// the exec's own error (no such program, not executable) when it failed.
+pub fn spawn_into_cgroup(launch: &Launch<'_>, cgroup: &OwnedFd) -> Option<io::Result<StepProcess>> {
+    if UNSUPPORTED.load(Ordering::Relaxed) {
+        return None;
+    }
+    match prepare(launch).and_then(|prepared| clone_and_exec(&prepared, launch, cgroup)) {
+        Err(Clone3::Refused(e)) => {
+            // Not there at all (before Linux 5.7, or filtered by seccomp): stop trying.
+            // Anything else is this one cgroup's problem; the fallback will report it.
+            let missing = matches!(
+                e.raw_os_error(),
+                Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG | libc::EPERM | libc::EOPNOTSUPP)
+            );
+            if missing && !UNSUPPORTED.swap(true, Ordering::Relaxed) {
+                tracing::warn!("clone3 into a cgroup is not available ({e}); steps are moved into their cgroups just after they start");
+            }
+            None
+        }
+        Err(Clone3::Failed(e)) => Some(Err(e)),
+        Ok(p) => Some(Ok(p)),
+    }
+}
+
+enum Clone3 {
+    /// clone3 itself was refused: fall back.
+    Refused(io::Error),
+    /// The spawn failed for a reason of the step's own (bad program, no such folder).
+    Failed(io::Error),
+}
+
+impl From<io::Error> for Clone3 {
+    fn from(e: io::Error) -> Self {
+        Clone3::Failed(e)
+    }
+}
+
+/// Everything the child needs, built before the clone: after it, the child may not
+/// allocate (another thread may have held the allocator's lock at the moment of the fork).
+struct Prepared {
+    program: CString,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    cwd: CString,
+}
+
+fn cstring(bytes: &[u8]) -> Result<CString, Clone3> {
+    CString::new(bytes).map_err(|_| {
+        Clone3::Failed(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a NUL byte in the command, its environment or its folder",
+        ))
+    })
+}
+
+fn prepare(launch: &Launch<'_>) -> Result<Prepared, Clone3> {
+    Ok(Prepared {
+        program: cstring(launch.program.as_os_str().as_bytes())?,
+        argv: launch
+            .argv
+            .iter()
+            .map(|a| cstring(a))
+            .collect::<Result<_, _>>()?,
+        env: launch
+            .env
+            .iter()
+            .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
+            .collect::<Result<_, _>>()?,
+        cwd: cstring(launch.cwd.as_os_str().as_bytes())?,
+    })
+}
+
+/// A pipe whose ends are both above fd 3 (so the child's dup2s onto 0–3 cannot clobber
+/// one another) and close-on-exec.
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = std::io::pipe()?;
+    Ok((above_3(r.into())?, above_3(w.into())?))
+}
+
+fn above_3(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 3 {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own; the result is ours.
+    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 4) };
+    if new == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` was just returned by fcntl and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+fn clone_and_exec(
+    p: &Prepared,
+    launch: &Launch<'_>,
+    cgroup: &OwnedFd,
+) -> Result<StepProcess, Clone3> {
+    let mut argv: Vec<*const libc::c_char> = p.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = p.env.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let (stdin_r, stdin_w) = pipe()?;
+    let (stdout_r, stdout_w) = pipe()?;
+    let (stderr_r, stderr_w) = pipe()?;
+    // The exec's errno comes back on this pipe; a successful exec closes it (cloexec).
+    let (err_r, err_w) = pipe()?;
+    let control = if launch.control > 3 {
+        launch.control
+    } else {
+        // Keep the control pipe clear of the dup2 targets too.
+        // SAFETY: as in `above_3`; the duplicate is owned by `_control_dup`.
+        let fd = unsafe { libc::fcntl(launch.control, libc::F_DUPFD_CLOEXEC, 4) };
+        if fd == -1 {
+            return Err(io::Error::last_os_error().into());
+        }
+        fd
+    };
+    // SAFETY: `control` is either the caller's (not owned here) or the fresh duplicate.
+    let _control_dup =
+        (control != launch.control).then(|| unsafe { OwnedFd::from_raw_fd(control) });
+
+    let mut pidfd: RawFd = -1;
+    let args = CloneArgs {
+        flags: CLONE_INTO_CGROUP | (libc::CLONE_PIDFD as u64),
+        pidfd: &mut pidfd as *mut RawFd as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    let fds = ChildFds {
+        stdin: stdin_r.as_raw_fd(),
+        stdout: stdout_w.as_raw_fd(),
+        stderr: stderr_w.as_raw_fd(),
+        control,
+        err: err_w.as_raw_fd(),
+    };
+    // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy of this address
+    // space and only this thread. It runs `child_exec`, which makes only async-signal-safe
+    // system calls on memory prepared above, and never returns.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if pid == 0 {
+        // SAFETY: see above; this is the child.
+        unsafe { child_exec(p, &argv, &envp, &fds) }
+    }
+    if pid < 0 {
+        return Err(Clone3::Refused(io::Error::last_os_error()));
+    }
+    let pid = pid as libc::pid_t;
+    // SAFETY: CLONE_PIDFD stored a new descriptor (close-on-exec) for us in `pidfd`.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    drop((stdin_r, stdout_w, stderr_w, err_w, _control_dup));
+    let mut errno = [0u8; 4];
+    let mut err_file = std::fs::File::from(err_r);
+    if read_full(&mut err_file, &mut errno) {
+        // The exec failed: the child has exited with 127; reap it and say why.
+        let _ = reap(pidfd.as_raw_fd(), 0);
+        return Err(Clone3::Failed(io::Error::from_raw_os_error(
+            i32::from_ne_bytes(errno),
+        )));
+    }
+    // SAFETY: an OwnedFd keeps its one descriptor open for as long as it is owned.
+    let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
+        .map_err(|e| Clone3::Failed(e.into_parts().1))?;
+    let child = PidfdChild {
+        pid,
+        pidfd,
+        reaped: false,
+    };
+    let input = tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w)?;
+    let out = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r)?;
+    let err = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r)?;
+    Ok(StepProcess {
+        pid: pid as u32,
+        stdin: Some(Box::new(input)),
+        stdout: Some(Box::new(out)),
+        stderr: Some(Box::new(err)),
+        child: Child::Pidfd(child),
+    })
+}
+
+/// True if all of `buf` was read; false at EOF before any byte (a successful exec).
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> bool {
+    use std::io::Read;
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    got == buf.len()
+}
+
+struct ChildFds {
+    stdin: RawFd,
+    stdout: RawFd,
+    stderr: RawFd,
+    control: RawFd,
+    err: RawFd,
+}
+
+/// In the child: wire up fds 0–3, a process group of its own, the default signal state,
+/// the working folder, then exec. On any failure the errno goes to the parent on `err`.
+unsafe fn child_exec(
+    p: &Prepared,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+    fds: &ChildFds,
+) -> ! {
+    let fail = |fds: &ChildFds| -> ! {
+        let errno = *libc::__errno_location();
+        let bytes = errno.to_ne_bytes();
+        libc::write(fds.err, bytes.as_ptr().cast(), bytes.len());
+        libc::_exit(127)
+    };
+    for (from, to) in [
+        (fds.stdin, 0),
+        (fds.stdout, 1),
+        (fds.stderr, 2),
+        (fds.control, 3),
+    ] {
+        // dup2 clears close-on-exec on the copy; every source is above 3.
+        if libc::dup2(from, to) == -1 {
+            fail(fds);
+        }
+    }
+    if libc::setpgid(0, 0) == -1 {
+        fail(fds);
+    }
+    // Signal state as a fresh process expects it: nothing blocked, SIGPIPE not ignored
+    // (Rust ignores it in steward); handlers are reset by exec itself.
+    let mut none: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut none);
+    libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    if libc::chdir(p.cwd.as_ptr()) == -1 {
+        fail(fds);
+    }
+    libc::execve(p.program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+    fail(fds)
+}
