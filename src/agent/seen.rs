@@ -5,7 +5,8 @@
 //! Lines that do not parse are reported and skipped, never fatal.
 
 use std::collections::HashMap;
-use std::io::{BufRead, Write};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -29,36 +30,94 @@ struct Key<'a> {
     hash: std::borrow::Cow<'a, str>,
 }
 
-/// 128 bits of a sha256: ids and content hashes are kept this compact, so a million
+/// `id` and `hash` of a line as steward writes it (`{"id":"…","hash":"…",…}`, no escapes
+/// in either), found without parsing the rest; None for any other shape, which then goes
+/// through serde_json. A line that does not end in `}` is never taken this way, so a torn
+/// last line is still reported as bad.
+fn fast_key(line: &[u8]) -> Option<(&str, &str)> {
+    let rest = line.strip_prefix(br#"{"id":""#)?;
+    if line.trim_ascii_end().last() != Some(&b'}') {
+        return None;
+    }
+    let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
+    let (id, rest) = rest.split_at(end);
+    let rest = rest.strip_prefix(br#"","hash":""#)?;
+    let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
+    if rest[end] != b'"' {
+        return None;
+    }
+    Some((
+        std::str::from_utf8(id).ok()?,
+        std::str::from_utf8(&rest[..end]).ok()?,
+    ))
+}
+
+/// 128 bits of keyed SipHash: ids and content hashes are kept this compact, so a million
 /// surfaced items fit in tens of MiB (a collision among 2^64 items is not a concern).
 type Digest16 = [u8; 16];
 
-fn id_key(id: &str) -> Digest16 {
-    // Two SipHash passes with different prefixes: fast, and only ever compared within one
-    // process (the file keeps the ids themselves).
-    use std::hash::{Hash, Hasher};
-    let mut out = [0u8; 16];
-    for (i, chunk) in out.chunks_mut(8).enumerate() {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (i as u8).hash(&mut h);
-        id.hash(&mut h);
-        chunk.copy_from_slice(&h.finish().to_le_bytes());
+/// A table key that is already a random-keyed hash: the table uses its first 8 bytes as
+/// is rather than hashing it again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct IdKey(Digest16);
+
+impl Hash for IdKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&self.0[..8]);
+        state.write_u64(u64::from_ne_bytes(first));
     }
-    out
 }
 
-/// A content hash: its first 16 bytes when it is hex (steward writes sha256), else a digest of it.
-fn content_key(hash: &str) -> Digest16 {
-    let mut out = [0u8; 16];
-    match hash.get(..32).map(|h| hex::decode_to_slice(h, &mut out)) {
-        Some(Ok(())) if hash.len() == 64 => out,
-        _ => id_key(hash),
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only IdKey is ever hashed here (through write_u64); fold anything else.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+}
+
+/// The hasher keys are random per process (ids come from feeds, which could be chosen to
+/// collide under a known key); the file keeps the ids themselves.
+struct Keys(RandomState);
+
+impl Keys {
+    fn id(&self, id: &str) -> IdKey {
+        let mut out = [0u8; 16];
+        for (i, chunk) in out.chunks_mut(8).enumerate() {
+            let mut h = self.0.build_hasher();
+            (i as u8).hash(&mut h);
+            id.hash(&mut h);
+            chunk.copy_from_slice(&h.finish().to_le_bytes());
+        }
+        IdKey(out)
+    }
+
+    /// A content hash: its first 16 bytes when it is hex (steward writes sha256), else a
+    /// digest of it.
+    fn content(&self, hash: &str) -> Digest16 {
+        let mut out = [0u8; 16];
+        match hash.get(..32).map(|h| hex::decode_to_slice(h, &mut out)) {
+            Some(Ok(())) if hash.len() == 64 => out,
+            _ => self.id(hash).0,
+        }
     }
 }
 
 pub struct Seen {
     path: PathBuf,
-    hashes: HashMap<Digest16, Digest16>,
+    keys: Keys,
+    hashes: HashMap<IdKey, Digest16, BuildHasherDefault<Prehashed>>,
     pub bad_lines: usize,
 }
 
@@ -75,36 +134,61 @@ impl Seen {
         let path = agent_dir.join("seen.jsonl");
         // Sized from the file (about 150 bytes a line) so the table is not regrown.
         let expected = std::fs::metadata(&path).map(|m| m.len() / 150).unwrap_or(0) as usize;
-        let mut hashes = HashMap::with_capacity(expected);
-        let mut bad_lines = 0;
-        match std::fs::File::open(&path) {
-            Ok(f) => {
-                let mut reader = std::io::BufReader::with_capacity(1 << 20, f);
-                let mut line = String::new();
-                loop {
-                    line.clear();
-                    if reader.read_line(&mut line)? == 0 {
-                        break;
-                    }
-                    if line.trim().is_empty() {
-                        continue;
-                    }
-                    match serde_json::from_str::<Key>(&line) {
-                        Ok(k) => {
-                            hashes.insert(id_key(&k.id), content_key(&k.hash));
-                        }
-                        Err(_) => bad_lines += 1,
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        Ok(Seen {
+        let mut seen = Seen {
             path,
-            hashes,
-            bad_lines,
-        })
+            keys: Keys(RandomState::new()),
+            hashes: HashMap::with_capacity_and_hasher(expected, Default::default()),
+            bad_lines: 0,
+        };
+        let file = match std::fs::File::open(&seen.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(seen),
+            Err(e) => return Err(e),
+        };
+        // Lines are taken straight from 1 MiB blocks of the file (no copy per line).
+        let mut file = file;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut filled = 0;
+        loop {
+            let n = match file.read(&mut buf[filled..]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            filled += n;
+            let mut start = 0;
+            for end in memchr::memchr_iter(b'\n', &buf[..filled]) {
+                seen.take_line(&buf[start..end]);
+                start = end + 1;
+            }
+            if n == 0 {
+                seen.take_line(&buf[start..filled]); // a last line without its newline
+                break;
+            }
+            buf.copy_within(start..filled, 0);
+            filled -= start;
+            if filled == buf.len() {
+                buf.resize(buf.len() * 2, 0); // one line longer than the block
+            }
+        }
+        Ok(seen)
+    }
+
+    fn take_line(&mut self, line: &[u8]) {
+        if line.trim_ascii().is_empty() {
+            return;
+        }
+        let (id, hash) = match fast_key(line) {
+            Some((id, hash)) => (self.keys.id(id), self.keys.content(hash)),
+            None => match serde_json::from_slice::<Key>(line) {
+                Ok(k) => (self.keys.id(&k.id), self.keys.content(&k.hash)),
+                Err(_) => {
+                    self.bad_lines += 1;
+                    return;
+                }
+            },
+        };
+        self.hashes.insert(id, hash);
     }
 
     pub fn len(&self) -> usize {
@@ -116,9 +200,9 @@ impl Seen {
     }
 
     pub fn novelty(&self, item: &Item) -> Option<Novelty> {
-        match self.hashes.get(&id_key(&item.id)) {
+        match self.hashes.get(&self.keys.id(&item.id)) {
             None => Some(Novelty::New),
-            Some(h) if *h != content_key(&item.hash) => Some(Novelty::Updated),
+            Some(h) if *h != self.keys.content(&item.hash) => Some(Novelty::Updated),
             Some(_) => None,
         }
     }
@@ -144,7 +228,7 @@ impl Seen {
             serde_json::to_writer(&mut buf, &line).map_err(std::io::Error::other)?;
             buf.push(b'\n');
             self.hashes
-                .insert(id_key(&item.id), content_key(&item.hash));
+                .insert(self.keys.id(&item.id), self.keys.content(&item.hash));
         }
         f.write_all(&buf)?;
         f.sync_data()
@@ -190,5 +274,40 @@ mod tests {
             Some(Novelty::Updated)
         );
         assert_eq!(seen.novelty(&item("a", "not-hex")), Some(Novelty::Updated));
+    }
+
+    #[test]
+    fn lines_read_the_quick_way_and_through_serde_agree_and_a_torn_line_is_bad() {
+        let plain = br#"{"id":"a/b","hash":"ff","source":"s","surfaced_at":"t"}"#;
+        assert_eq!(fast_key(plain), Some(("a/b", "ff")));
+        // Escapes, other field orders and spacing are left to serde_json.
+        for line in [
+            &br#"{"id":"say \"hi\"","hash":"ff"}"#[..],
+            br#"{"hash":"ff","id":"a"}"#,
+            br#"{ "id": "a", "hash": "ff" }"#,
+            br#"{"id":"a","hash":"ff""#,
+        ] {
+            assert_eq!(fast_key(line), None, "{}", String::from_utf8_lossy(line));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let h = "c".repeat(64);
+        let lines = [
+            format!(r#"{{"id":"quick","hash":"{h}","source":"s","surfaced_at":"t"}}"#),
+            format!(r#"{{"id":"say \"hi\"","hash":"{h}","source":"s","surfaced_at":"t"}}"#),
+            format!(r#"{{ "hash": "{h}", "id": "spaced" }}"#),
+            // Longer than the 1 MiB block the file is read in.
+            format!(r#"{{"id":"{}","hash":"{h}"}}"#, "L".repeat(1_500_000)),
+            // The last write, cut short by a crash.
+            format!(r#"{{"id":"torn","hash":"{h}","sou"#),
+        ];
+        std::fs::write(dir.path().join("seen.jsonl"), lines.join("\n")).unwrap();
+        let seen = Seen::load(dir.path()).unwrap();
+        assert_eq!(seen.len(), 4);
+        assert_eq!(seen.bad_lines, 1);
+        let long = "L".repeat(1_500_000);
+        for id in ["quick", "say \"hi\"", "spaced", &long] {
+            assert_eq!(seen.novelty(&item(id, &h)), None, "{id}");
+        }
+        assert_eq!(seen.novelty(&item("torn", &h)), Some(Novelty::New));
     }
 }
