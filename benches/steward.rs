@@ -68,13 +68,47 @@ fn sizes(mode: &str) -> Sizes {
 struct Report {
     rows: Vec<(String, String, String, String)>,
     json: serde_json::Map<String, Value>,
+    /// /proc/stat (steal, total) when the current figure started.
+    since: (u64, u64),
+}
+
+/// CPU time stolen by the hypervisor and all CPU time so far, in ticks: on a shared VM
+/// the figures swing with the first, so each row says how much there was while it ran.
+fn host_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    (cpu.get(7).copied().unwrap_or(0), cpu.iter().sum())
 }
 
 impl Report {
-    fn row(&mut self, figure: &str, steward: String, baseline: String, ratio: String, data: Value) {
-        println!("{figure:<44} {steward:>22} {baseline:>22} {ratio:>10}");
+    /// A figure starts: host steal is counted from here.
+    fn mark(&mut self) {
+        self.since = host_ticks();
+    }
+
+    fn row(
+        &mut self,
+        figure: &str,
+        steward: String,
+        baseline: String,
+        ratio: String,
+        mut data: Value,
+    ) {
+        let (steal, total) = host_ticks();
+        let share = (steal - self.since.0) as f64 / (total - self.since.1).max(1) as f64 * 100.0;
+        println!("{figure:<44} {steward:>22} {baseline:>22} {ratio:>10} {share:>6.1}");
         let _ = std::io::stdout().flush();
         self.rows.push((figure.into(), steward, baseline, ratio));
+        if let Some(obj) = data.as_object_mut() {
+            obj.insert("host_steal_pct".into(), json!(share));
+        }
         self.json.insert(figure.into(), data);
     }
 }
@@ -718,6 +752,7 @@ fn main() {
     let mut r = Report {
         rows: Vec::new(),
         json: serde_json::Map::new(),
+        since: host_ticks(),
     };
     println!(
         "steward benchmarks ({mode}) on {} cores",
@@ -726,11 +761,12 @@ fn main() {
             .unwrap_or(1)
     );
     println!(
-        "{:<44} {:>22} {:>22} {:>10}",
-        "figure", "steward", "baseline", "ratio"
+        "{:<44} {:>22} {:>22} {:>10} {:>6}",
+        "figure", "steward", "baseline", "ratio", "steal%"
     );
 
     for parallel in [1, 2].into_iter().filter(|_| want("throughput")) {
+        r.mark();
         let (st, bare, bash, flushes) =
             throughput(&dir(&format!("tp{parallel}")), s.runs, parallel);
         let label = if parallel == 1 {
@@ -759,6 +795,7 @@ fn main() {
     }
 
     let (file, queue, cron) = if want("latency") {
+        r.mark();
         trigger_latency(&dir("latency"), s.events, s.cron_events)
     } else {
         Default::default()
@@ -783,6 +820,7 @@ fn main() {
     }
 
     if want("breach") {
+        r.mark();
         let (p50, p99, max) = dist(breach_to_dead_tree(&dir("breach"), s.breaches));
         r.row(
             "breach → dead tree (ms)",
@@ -794,6 +832,7 @@ fn main() {
     }
 
     if want("scale") {
+        r.mark();
         let (startup, rss, cpu) = scale(&dir("scale"), s.workflows, Duration::from_secs(s.idle_s));
         r.row(
             &format!("start-up with {} workflows (s)", s.workflows),
@@ -819,6 +858,7 @@ fn main() {
     }
 
     if want("drain") {
+        r.mark();
         let drain = drain_planning(&dir("drain"), s.markers);
         r.row(
             &format!("drain planning, {} markers (s)", s.markers),
@@ -830,6 +870,7 @@ fn main() {
     }
 
     if want("seen") {
+        r.mark();
         let (secs, hwm) = seen_filtering(&dir("seen"), s.seen, s.candidates);
         r.row(
             &format!(
@@ -845,6 +886,7 @@ fn main() {
     }
 
     if want("growth") {
+        r.mark();
         let ((t1, s1), (t2, s2)) = growth(&dir("growth"), s.growth.0, s.growth.1);
         r.row(
             &format!(
