@@ -208,7 +208,8 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
         }
     };
     // The group id is the child's pid (it was started in a process group of its own).
-    let pgid = Some(Pid::from_raw(child.pid as i32));
+    // Never 0: killpg(0) would signal steward's own group.
+    let pgid = (child.pid > 0).then(|| Pid::from_raw(child.pid as i32));
     let activity = Arc::new(Notify::new());
 
     if let Some(mut stdin) = child.stdin.take() {
@@ -428,8 +429,9 @@ fn spawn(req: &StepRequest<'_>) -> std::io::Result<(StepProcess, OwnedFd, Option
     };
     // The parent's write end must close now, or fd 3 never reaches EOF.
     drop(ctl_write);
-    // Without clone3: moved into its cgroup just after it started.
-    if let Some(cg) = &cgroup {
+    // Without clone3: moved into its cgroup just after it started (pid 0 would move
+    // steward itself, but a child just spawned always has its pid).
+    if let Some(cg) = cgroup.as_ref().filter(|_| child.pid > 0) {
         if let Err(e) = cg.adopt(child.pid) {
             tracing::warn!(
                 "cannot move step {} into its cgroup: {e}; it is contained by its process group only",
