@@ -6,9 +6,10 @@
 //! [`config`]). Every fire becomes one **governed run** ([`governed`]): the maker
 //! (`run`), then a separate checker (`verify`), then — only when the workflow is live and
 //! the checker said `pass` — `commit`, the one step allowed a side effect. Each step is a
-//! child process in its own process group ([`step`]) that gets the run context on stdin
-//! and may report charges on fd 3 ([`control`]); the [`budget`] guard kills the group the
-//! moment a cap is crossed.
+//! child process in its own process group ([`step`]) — and, where cgroups v2 allow, in a
+//! cgroup of its own from its first instruction ([`containment`], [`process`]) — that gets
+//! the run context on stdin and may report charges on fd 3 ([`control`]); the [`budget`]
+//! guard kills the group the moment a cap is crossed.
 //!
 //! Every run ends in one of seven terminal states and leaves a record in the sled
 //! [`store`] (with its idempotency key, and a dead-letter or review entry where it
