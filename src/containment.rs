@@ -11,9 +11,10 @@
 //! process groups alone.
 //!
 //! A step is started straight into its cgroup (`clone3(CLONE_INTO_CGROUP)`, see
-//! [`crate::process`]). On kernels without it (before 5.7) the step is moved in just after
-//! its spawn returns, so a program that forks a new session within microseconds of its
-//! `exec` could in principle start that child before the move.
+//! [`crate::process`]). Without it (kernels before 5.7, CPUs other than x86_64 and
+//! aarch64) the step is moved in just after its spawn returns, so a program that forks a
+//! new session within microseconds of its `exec` could in principle start that child
+//! before the move.
 //!
 //! `STEWARD_CONTAINMENT=process-group` turns cgroups off.
 
