@@ -12,20 +12,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use util::{runs_of, wait_for, Env, Spec};
+use util::{hwm_kib, runs_of, wait_for, Env, Spec};
 
 const QUICK: &str = "cat >/dev/null\necho '{\"ok\": true}'\n";
 const HUNDRED_MB: usize = 100 << 20;
-
-/// Peak resident memory of a process, in KiB.
-fn hwm_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
 
 /// Every file under `dir`, recursively (to prove nothing was written outside a folder).
 fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {

@@ -37,15 +37,6 @@ fn fds(pid: i32) -> usize {
         .unwrap_or(0)
 }
 
-fn status_kib(pid: i32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_burst_of_files_and_a_deep_queue_commit_exactly_once_with_bounded_memory_and_no_fd_leak() {
     let full = std::env::var_os("STEWARD_LOAD_FULL").is_some();
@@ -136,7 +127,7 @@ fn a_burst_of_files_and_a_deep_queue_commit_exactly_once_with_bounded_memory_and
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    let hwm_mib = status_kib(pid, "VmHWM:") as f64 / 1024.0;
+    let hwm_mib = util::hwm_kib(pid) as f64 / 1024.0;
     d.stop(Duration::from_secs(30));
 
     for wf in ["files", "items"] {

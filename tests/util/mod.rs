@@ -316,6 +316,16 @@ pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
 }
 
 /// Whether a process is gone (or a zombie nobody reaped, which is just as dead).
+/// Peak resident memory of a process (VmHWM), in KiB; 0 if it cannot be read.
+pub fn hwm_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 pub fn process_gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
