@@ -154,7 +154,21 @@ const BUDGET: &str =
     "[budget]\nmax_tokens = 100000\nmax_tool_calls = 100\nmax_runtime_s = 60\nmax_cost_usd = 10\n";
 
 fn true_workflow() -> String {
-    format!("dry_run = false\n[trigger]\nmanual = true\n{BUDGET}[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n[commit]\ncommand = [\"/bin/true\"]\n")
+    // allow_all: the parallel figure runs two of it at once through the runner.
+    format!("dry_run = false\noverlap = \"allow_all\"\n[trigger]\nmanual = true\n{BUDGET}[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n[commit]\ncommand = [\"/bin/true\"]\n")
+}
+
+/// One governed run through the runner, the road every run takes in steward.
+async fn governed_run(
+    runner: &steward::runner::Runner,
+    wf: &std::sync::Arc<steward::config::Workflow>,
+    ask: steward::live::Ask,
+) -> steward::store::RunRecord {
+    let fire = steward::governed::Fire::manual(None);
+    runner
+        .run(steward::runner::Job::fire(wf.clone(), fire, ask))
+        .await
+        .unwrap()
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -167,8 +181,8 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Governed runs of /bin/true (run, verify, commit), live, durable, on one engine.
 struct Governed {
-    engine: steward::governed::Engine,
-    wf: steward::config::Workflow,
+    runner: steward::runner::Runner,
+    wf: std::sync::Arc<steward::config::Workflow>,
     rt: tokio::runtime::Runtime,
 }
 
@@ -180,8 +194,8 @@ impl Governed {
         let wf = config.workflows["bench"].clone();
         engine.go_live(&wf).unwrap();
         Governed {
-            engine,
-            wf,
+            runner: steward::runner::Runner::new(engine, 8),
+            wf: std::sync::Arc::new(wf),
             rt: runtime(),
         }
     }
@@ -194,13 +208,10 @@ impl Governed {
             let per = n / parallel;
             let mut tasks = Vec::new();
             for _ in 0..parallel {
-                let (engine, wf) = (self.engine.clone(), self.wf.clone());
+                let (runner, wf) = (self.runner.clone(), self.wf.clone());
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..per {
-                        let rec = engine
-                            .execute(&wf, steward::governed::Fire::manual(None), true)
-                            .await
-                            .unwrap();
+                        let rec = governed_run(&runner, &wf, steward::live::Ask::Live).await;
                         assert!(rec.committed, "{}", rec.reason);
                     }
                 }));
@@ -306,13 +317,12 @@ fn breach_to_dead_tree(dir: &Path, n: usize) -> Vec<f64> {
     let cfg = config(dir, &[("breach".into(), body)]);
     let config = steward::config::load_dir(&cfg).unwrap();
     let (engine, _) = steward::governed::open(&dir.join("state-breach")).unwrap();
-    let wf = config.workflows["breach"].clone();
+    let wf = std::sync::Arc::new(config.workflows["breach"].clone());
+    let runner = steward::runner::Runner::new(engine, 1);
     let rt = runtime();
     (0..n)
         .map(|_| {
-            let rec = rt
-                .block_on(engine.execute(&wf, steward::governed::Fire::manual(None), false))
-                .unwrap();
+            let rec = rt.block_on(governed_run(&runner, &wf, steward::live::Ask::Dry));
             let done = now_ns();
             assert_eq!(rec.state.name(), "exhausted");
             let at: u128 = std::fs::read_to_string(&mark)
@@ -660,10 +670,11 @@ fn growth(dir: &Path, a: usize, b: usize) -> ((f64, StateBytes), (f64, StateByte
         engine.go_live(&wf).unwrap();
         (engine, state)
     };
+    let shared_wf = std::sync::Arc::new(wf.clone());
     let runs = |engine: &steward::governed::Engine, n: usize| {
+        let runner = steward::runner::Runner::new(engine.clone(), 1);
         for _ in 0..n {
-            rt.block_on(engine.execute(&wf, steward::governed::Fire::manual(None), true))
-                .unwrap();
+            rt.block_on(governed_run(&runner, &shared_wf, steward::live::Ask::Live));
         }
     };
     let (small, small_state) = open("small");

@@ -145,6 +145,7 @@ async fn handle(stream: UnixStream, shared: Arc<Shared>) -> Result<()> {
                 Ok(parsed) => {
                     let ctx = Ctx {
                         engine: shared.engine.clone(),
+                        runner: shared.runner.clone(),
                         config_dir: shared.config_dir.clone(),
                         daemon: Some(shared.clone()),
                     };

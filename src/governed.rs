@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::budget::{BudgetGuard, Figures};
 use crate::config::{EnvValue, Workflow};
+use crate::live::{LiveStatus, Mode};
 use crate::redact::Redactor;
 use crate::runlog::{Entry, RunLog};
 use crate::step::{run_step, Ending, Exit, StepKind, StepOutcome, StepRequest};
@@ -40,40 +41,6 @@ pub enum EngineError {
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;
-
-/// Whether a workflow may run live, and why not.
-#[derive(Debug, Clone, PartialEq)]
-pub enum LiveStatus {
-    /// The file says `dry_run = true` (or does not say).
-    DryRunInConfig,
-    /// `dry_run = false`, but no operator approved go-live.
-    NotApproved,
-    /// Approved once, but the file changed since: dry-run until approved again.
-    ApprovalStale(Approval),
-    Live(Approval),
-}
-
-impl LiveStatus {
-    pub fn is_live(&self) -> bool {
-        matches!(self, LiveStatus::Live(_))
-    }
-
-    pub fn describe(&self, workflow: &str) -> String {
-        match self {
-            LiveStatus::DryRunInConfig => "dry-run (the config says dry_run = true; set it to false, then `steward go-live`)".to_string(),
-            LiveStatus::NotApproved => format!("dry-run (waiting for an operator: `steward go-live {workflow}`)"),
-            LiveStatus::ApprovalStale(a) => format!(
-                "dry-run (the config changed after go-live was approved on {}; approve again with `steward go-live {workflow}`)",
-                a.approved_at.format("%Y-%m-%d %H:%M UTC")
-            ),
-            LiveStatus::Live(a) => format!(
-                "live (approved by {} on {})",
-                a.approved_by,
-                a.approved_at.format("%Y-%m-%d %H:%M UTC")
-            ),
-        }
-    }
-}
 
 /// What fired a run: its id (known before it starts, so the daemon can list it in
 /// flight) and the trigger part of the context (`kind`, `fired_at`, …).
@@ -161,6 +128,7 @@ fn new_record(wf: &Workflow, fire: &Fire, dry_run: bool, state: RunState) -> Run
         attempts: Vec::new(),
         retry_of: fire.retry_of.clone(),
         summary: None,
+        dry_run_reason: None,
     }
 }
 
@@ -184,14 +152,7 @@ struct StepEnv {
 
 impl Engine {
     pub fn live_status(&self, wf: &Workflow) -> Result<LiveStatus> {
-        if wf.dry_run {
-            return Ok(LiveStatus::DryRunInConfig);
-        }
-        Ok(match self.store.approval(&wf.id)? {
-            None => LiveStatus::NotApproved,
-            Some(a) if a.config_hash == wf.config_hash => LiveStatus::Live(a),
-            Some(a) => LiveStatus::ApprovalStale(a),
-        })
+        Ok(LiveStatus::of(&self.store, wf)?)
     }
 
     /// Records the operator's approval of the workflow's current config.
@@ -226,32 +187,21 @@ impl Engine {
         Ok(had)
     }
 
-    /// Runs one governed run to its terminal state. `live` asks for a live run; it is
-    /// granted only if the operator approved this exact config.
-    pub async fn execute(&self, wf: &Workflow, fire: Fire, live: bool) -> Result<RunRecord> {
-        self.execute_until(wf, fire, live, &CancellationToken::new())
-            .await
-    }
-
-    /// [`Engine::execute`] that stops (state `interrupted`) when `cancel` fires.
-    pub async fn execute_until(
+    /// Runs one governed run to its terminal state, live or dry as `mode` says; stops
+    /// (state `interrupted`) when `cancel` fires. Only the runner calls this: it alone
+    /// decides the mode and applies the caps, overlap and shutdown grace.
+    pub(crate) async fn execute(
         &self,
         wf: &Workflow,
         fire: Fire,
-        live: bool,
+        mode: &Mode,
         cancel: &CancellationToken,
     ) -> Result<RunRecord> {
-        let status = self.live_status(wf)?;
-        if live && !status.is_live() {
-            return Err(EngineError::Refused(format!(
-                "workflow `{}` cannot run live: {}",
-                wf.id,
-                status.describe(&wf.id)
-            )));
-        }
+        let live = mode.is_live();
         let dry_run = !live;
         let run_id = fire.run_id.clone();
         let mut rec = new_record(wf, &fire, dry_run, RunState::Running);
+        rec.dry_run_reason = mode.dry_reason().map(|r| r.describe().to_string());
         let env = match step_env(wf) {
             Ok(env) => env,
             Err((why, redactor)) => {
@@ -266,7 +216,7 @@ impl Engine {
         entry.detail = format!(
             "{} trigger, {}",
             fire.trigger["kind"].as_str().unwrap_or("unknown"),
-            if dry_run { "dry-run" } else { "live" }
+            mode.describe()
         );
         entry.data = Some(fire.trigger.clone());
         self.runlog.record(&entry, &env.redactor)?;
@@ -744,10 +694,39 @@ impl Engine {
         Ok(())
     }
 
-    /// `steward approve RUN`: the operator accepts an escalated run; a live one commits.
-    pub async fn approve(&self, wf: &Workflow, run_id: &str) -> Result<RunRecord> {
+    /// The run waiting for review under `run_id`, or why there is none.
+    pub fn review_item(&self, run_id: &str) -> Result<RunRecord> {
+        self.pending_review(run_id)
+    }
+
+    /// `steward approve RUN`: the operator accepts an escalated run; a live one commits
+    /// when `mode` (decided by the runner) is live. A live run that may not commit now
+    /// stays in the review queue and the refusal says why.
+    pub(crate) async fn approve(
+        &self,
+        wf: &Workflow,
+        run_id: &str,
+        mode: &Mode,
+        cancel: &CancellationToken,
+    ) -> Result<RunRecord> {
         let rec = self.pending_review(run_id)?;
         let env = step_env(wf).map_err(|(why, _)| EngineError::Refused(why))?;
+        if let (false, Some(reason)) = (rec.dry_run, mode.dry_reason()) {
+            self.log_operator_run(
+                &rec,
+                "approve",
+                &format!(
+                    "approval held: {}; the run stays in review",
+                    reason.describe()
+                ),
+                &env.redactor,
+            )?;
+            return Err(EngineError::Refused(format!(
+                "cannot commit run {run_id} of workflow `{}` now: {}; it stays in the review queue",
+                wf.id,
+                reason.describe()
+            )));
+        }
         self.store.remove_review(run_id)?;
         self.log_operator_run(&rec, "approve", "approved by operator", &env.redactor)?;
         if rec.dry_run {
@@ -760,16 +739,6 @@ impl Engine {
                 false,
             );
         }
-        let status = self.live_status(wf)?;
-        if !status.is_live() {
-            self.store.queue_review(run_id)?;
-            self.store.flush()?;
-            return Err(EngineError::Refused(format!(
-                "cannot commit run {run_id}: workflow `{}` is {}",
-                wf.id,
-                status.describe(&wf.id)
-            )));
-        }
         let ctx = json!({
             "run_id": rec.run_id,
             "workflow": wf.id,
@@ -778,8 +747,7 @@ impl Engine {
             "trigger": rec.trigger,
             "output": rec.output,
         });
-        self.commit(wf, rec, &ctx, &env, &CancellationToken::new())
-            .await
+        self.commit(wf, rec, &ctx, &env, cancel).await
     }
 
     /// `steward reject RUN`: the operator refuses an escalated run; its key is freed.

@@ -1,6 +1,8 @@
 //! Short helper processes that are not governed runs: a feed's `command` source, an
-//! agent's claim commands, an agency's planner. Each runs in its own process group with
-//! a timeout; on timeout the whole group is killed.
+//! agent's claim commands, an agency's planner. Each runs with a timeout. Started by the
+//! daemon (a planner), a helper gets a process group of its own, killed whole on
+//! timeout; started inside a step (an agent's sources and claims), it stays in the
+//! step's group, so the step's kill — a budget breach, a shutdown — reaches it too.
 
 use std::path::Path;
 use std::time::Duration;
@@ -42,14 +44,21 @@ pub async fn run(
         })
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
+    let in_step = std::env::var_os("STEWARD_RUN_ID").is_some();
+    if !in_step {
+        cmd.process_group(0);
+    }
     let spawned = {
         let _no_fd3_leak = crate::step::spawn_lock();
         cmd.spawn()
     };
     let mut child = spawned.map_err(|e| format!("cannot start {}: {e}", program.display()))?;
-    let pgid = child.id().map(|p| Pid::from_raw(p as i32));
+    // Inside a step the group is the step's: on timeout only the helper itself is killed.
+    let pgid = child
+        .id()
+        .filter(|_| !in_step)
+        .map(|p| Pid::from_raw(p as i32));
     if let (Some(mut stdin), Some(bytes)) = (child.stdin.take(), input) {
         let bytes = bytes.to_vec();
         // Written concurrently, so a helper that answers before reading cannot deadlock us.
@@ -85,6 +94,8 @@ pub async fn run(
             if let Some(pgid) = pgid {
                 let _ = killpg(pgid, Signal::SIGKILL);
             }
+            // The timed-out `work` future, and with it the child, is dropped here:
+            // kill_on_drop ends the helper itself when it kept the step's group.
             Err(format!("timed out after {:.0}s", timeout.as_secs_f64()))
         }
     }

@@ -210,6 +210,9 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     // The group id is the child's pid (it was started in a process group of its own).
     // Never 0: killpg(0) would signal steward's own group.
     let pgid = (child.pid > 0).then(|| Pid::from_raw(child.pid as i32));
+    // Should this future be dropped before the step ends (a runtime shutting down), the
+    // group and cgroup still die with it, not only the child's own pid.
+    let mut contained = Contained { pgid, cgroup };
     let activity = Arc::new(Notify::new());
 
     if let Some(mut stdin) = child.stdin.take() {
@@ -278,10 +281,10 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     }
     // Sweep: a grandchild left behind (even one that ignores SIGTERM) dies with its step,
     // and so does one that left the group (setsid) where the step has a cgroup.
-    if let Some(pgid) = pgid {
+    if let Some(pgid) = contained.pgid.take() {
         let _ = killpg(pgid, Signal::SIGKILL);
     }
-    if let Some(cgroup) = cgroup {
+    if let Some(cgroup) = contained.cgroup.take() {
         cgroup.finish(CGROUP_DRAIN).await;
     }
     out.ending = ending;
@@ -314,6 +317,24 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     }
     out.duration = started.elapsed();
     out
+}
+
+/// What must die with a step: its process group and its cgroup. Normally the step's end
+/// sweeps both and empties this; a drop with anything left kills it.
+struct Contained {
+    pgid: Option<Pid>,
+    cgroup: Option<StepCgroup>,
+}
+
+impl Drop for Contained {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+        if let Some(cgroup) = self.cgroup.take() {
+            cgroup.kill();
+        }
+    }
 }
 
 /// The longest a step's end waits for its killed cgroup to empty.

@@ -160,6 +160,9 @@ pub struct RunRecord {
     /// A digest agent's summary line (step 12).
     #[serde(default)]
     pub summary: Option<String>,
+    /// Why the run was dry (none for a live run): the runner's decision, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run_reason: Option<String>,
 }
 
 /// Where an idempotency key stands.
@@ -673,6 +676,7 @@ mod tests {
             attempts: Vec::new(),
             retry_of: None,
             summary: None,
+            dry_run_reason: None,
         }
     }
 

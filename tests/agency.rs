@@ -324,6 +324,7 @@ fn racing_drivers_in_one_process_dispatch_once_per_turn() {
     docs_agency(&env, &format!("sleep 0.1\n{DOCS_PLANNER}"), LIMITS_50, "");
     let cfg = steward::config::load_dir(&env.config).expect("config");
     let (engine, _) = steward::governed::open(&env.state).unwrap();
+    let runner = steward::runner::Runner::new(engine.clone(), 8);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -343,8 +344,8 @@ fn racing_drivers_in_one_process_dispatch_once_per_turn() {
                 })
             };
             let (a, b) = tokio::join!(
-                steward::agency::advance(&engine, &cfg, "p1", "alpha", receipt(), false),
-                steward::agency::advance(&engine, &cfg, "p1", "beta", receipt(), false)
+                steward::agency::advance(&runner, &cfg, "p1", "alpha", receipt(), false),
+                steward::agency::advance(&runner, &cfg, "p1", "beta", receipt(), false)
             );
             let ok = [&a, &b]
                 .iter()

@@ -22,8 +22,11 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::governed::{Engine, Fire};
+use crate::live::Ask;
 use crate::redact::Redactor;
 use crate::runlog::Entry;
+use crate::runner::{Job, RunError, Runner};
+use crate::store::RunState;
 pub use config::Agency;
 
 pub const SCHEMA: &str = "runx.agency.turn.v1";
@@ -40,6 +43,8 @@ pub enum CaseError {
     Engine(#[from] crate::governed::EngineError),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error("the member's run was not carried out: {0}")]
+    Run(#[from] RunError),
 }
 
 /// One sealed event of a case.
@@ -116,6 +121,10 @@ pub struct Case {
     pub receipts: Vec<Receipt>,
     /// Members with a successful receipt, for planners that only need that.
     pub done_members: Vec<String>,
+    /// Member runs that ended without a result of their own (interrupted by a shutdown,
+    /// skipped by overlap): their dispatch stays pending, so a later advance redoes it.
+    #[serde(default)]
+    pub unfinished: Vec<Receipt>,
     pub resolution: Option<Value>,
     pub reason: Option<String>,
 }
@@ -223,6 +232,7 @@ pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, String> {
         approved: false,
         receipts: Vec::new(),
         done_members: Vec::new(),
+        unfinished: Vec::new(),
         resolution: None,
         reason: None,
     };
@@ -269,6 +279,11 @@ pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, String> {
                     c.receipts.push(r);
                 }
                 c.pending = None;
+            }
+            "member_unfinished" => {
+                if let Ok(r) = serde_json::from_value::<Receipt>(e.data.clone()) {
+                    c.unfinished.push(r);
+                }
             }
             other => return Err(format!("event {}: unknown kind `{other}`", e.version)),
         }
@@ -440,13 +455,14 @@ fn turn(case: &Case, status: &str, reason: Option<String>, next: &str) -> Turn {
 /// `steward case advance`: one governed turn. `member_result` records a hand-run
 /// member's outcome first; `run` runs the dispatched member right away.
 pub async fn advance(
-    engine: &Engine,
+    runner: &Runner,
     config: &Config,
     case_id: &str,
     driver: &str,
     member_result: Option<Receipt>,
     run: bool,
 ) -> Result<Turn, CaseError> {
+    let engine = runner.engine();
     let Some((mut case, _)) = load(engine, case_id)? else {
         return Ok(Turn {
             schema: SCHEMA.into(),
@@ -517,7 +533,7 @@ pub async fn advance(
         }
         // Run the dispatched member now (the turn event, the lease, is already there).
         let p = p.clone();
-        return run_member(engine, config, case, p).await;
+        return run_member(runner, config, case, p).await;
     }
     // The measurable gate comes before any judgment.
     let (preds, breached) = predicates(&case);
@@ -719,7 +735,7 @@ pub async fn advance(
             );
             let case = reload(engine, case_id)?;
             if run {
-                return run_member(engine, config, case, dispatch).await;
+                return run_member(runner, config, case, dispatch).await;
             }
             let mut t = turn(
                 &case,
@@ -770,14 +786,17 @@ fn prompt(case: &Case, proposal: &Value) -> String {
     )
 }
 
-/// Runs the dispatched member as its own governed run, capped by what the case has left,
-/// and records the receipt.
+/// Runs the dispatched member as its own governed run through the runner (caps,
+/// overlap, forced dry-run and shutdown grace apply as to any run), capped by what the
+/// case has left, and records the receipt. A run that ended without a result of its own
+/// (interrupted, skipped) is recorded as unfinished and its dispatch stays pending.
 async fn run_member(
-    engine: &Engine,
+    runner: &Runner,
     config: &Config,
     case: Case,
     d: Dispatch,
 ) -> Result<Turn, CaseError> {
+    let engine = runner.engine();
     let mut wf = config.workflows.get(&d.skill).cloned().ok_or_else(|| {
         CaseError::Refused(format!(
             "member {} runs workflow `{}`, which is not in the config",
@@ -787,46 +806,72 @@ async fn run_member(
     let remaining = (case.agency.limits.max_spend_usd - case.spend_usd).max(0.0);
     // Never widen a cap: the tighter of the workflow's and the case's remaining spend.
     wf.caps.max_cost_usd = wf.caps.max_cost_usd.min(remaining);
+    let cap = wf.caps.max_cost_usd;
     // The dispatch reaches the member as trigger.payload, like any manual payload.
     let fire = Fire::new(
         "agency",
         None,
         json!({ "payload": { "agency": case.agency.id, "case_id": case.case_id, "turn": d.turn, "member": d.member, "task": d.task, "needed_scope": d.needed_scope } }),
     );
-    let live = engine.live_status(&wf)?.is_live();
-    let rec = engine.execute(&wf, fire, live).await?;
+    let rec = runner
+        .run(Job::fire(std::sync::Arc::new(wf), fire, Ask::Auto))
+        .await?;
     let receipt = Receipt {
         turn: d.turn,
         member: d.member.clone(),
         run_id: rec.run_id.clone(),
         state: rec.state.name().to_string(),
         output: rec.output.clone().unwrap_or(Value::Null),
-        spend_usd: rec.figures.cost_usd.min(wf.caps.max_cost_usd),
+        spend_usd: rec.figures.cost_usd.min(cap),
+    };
+    let unfinished = matches!(rec.state, RunState::Interrupted | RunState::Skipped);
+    let (kind, key) = if unfinished {
+        (
+            "member_unfinished",
+            format!("{}:{}:unfinished:{}", case.case_id, d.turn, rec.run_id),
+        )
+    } else {
+        (
+            "member_result",
+            format!("{}:{}:result", case.case_id, d.turn),
+        )
     };
     append(
         engine,
         &case,
-        &format!("{}:{}:result", case.case_id, d.turn),
-        "member_result",
+        &key,
+        kind,
         serde_json::to_value(&receipt).unwrap_or_default(),
     )?;
     log(
         engine,
         &case.agency.id,
         &case.case_id,
-        "receipt",
+        if unfinished { "unfinished" } else { "receipt" },
         format!(
             "turn {} {}: run {} ended {}",
             d.turn, d.member, rec.run_id, rec.state
         ),
     );
     let case = reload(engine, &case.case_id)?;
-    let mut t = turn(
-        &case,
-        "advanced",
-        Some(format!("{} ran: {} ({})", d.member, rec.state, rec.reason)),
-        "advance again",
-    );
+    let mut t = if unfinished {
+        turn(
+            &case,
+            "needs_input",
+            Some(format!(
+                "{}'s run {} ended {} ({}): the turn is not done",
+                d.member, rec.run_id, rec.state, rec.reason
+            )),
+            "advance with --run to redo it",
+        )
+    } else {
+        turn(
+            &case,
+            "advanced",
+            Some(format!("{} ran: {} ({})", d.member, rec.state, rec.reason)),
+            "advance again",
+        )
+    };
     t.dispatch = Some(d);
     t.receipt = Some(rec.run_id);
     Ok(t)

@@ -23,6 +23,8 @@ use serde_json::json;
 use crate::config::{self, Config};
 use crate::daemon;
 use crate::governed::{self, Engine, Fire};
+use crate::live::Ask;
+use crate::runner::{Job, Runner};
 use crate::store::RunState;
 
 /// `writeln!` into a String cannot fail.
@@ -329,6 +331,8 @@ pub struct Reply {
 /// daemon executing the command.
 pub struct Ctx {
     pub engine: Engine,
+    /// The road every run takes: the daemon's runner, or one in this process.
+    pub runner: Runner,
     pub config_dir: PathBuf,
     pub daemon: Option<Arc<daemon::Shared>>,
 }
@@ -467,11 +471,17 @@ fn run_cli(cli: Cli) -> Result<i32> {
                 .store
                 .set_retention(crate::config::Settings::load_lenient(&config).retention());
             let ctx = Ctx {
+                runner: Runner::new(engine.clone(), LOCAL_MAX_CONCURRENT),
                 engine,
                 config_dir: config,
                 daemon: None,
             };
-            let reply = block_on(execute(&ctx, command));
+            let reply = block_on(async {
+                let watcher = stop_runs_on_signal(ctx.runner.clone())?;
+                let reply = execute(&ctx, command).await;
+                watcher.abort();
+                Ok::<_, anyhow::Error>(reply)
+            })?;
             print!("{}", reply.stdout);
             eprint!("{}", reply.stderr);
             Ok(reply.code)
@@ -529,12 +539,8 @@ async fn handle(ctx: &Ctx, command: Command, out: &mut String) -> Result<i32> {
                 bail!("`{agent}` is a workflow, not a digest agent: use `steward run {agent}`");
             }
             let fire = Fire::manual(dry_run.then(|| json!({ "preview": true })));
-            let forced = ctx.daemon.as_ref().is_some_and(|d| d.forced_dry_run());
-            let live = !dry_run && !forced && engine.live_status(wf)?.is_live();
-            let rec = match &ctx.daemon {
-                Some(d) => d.run_now(wf, fire, live).await?,
-                None => run_in_foreground(engine, wf, fire, live).await?,
-            };
+            let ask = if dry_run { Ask::Dry } else { Ask::Auto };
+            let rec = ctx.run(wf, fire, ask).await?;
             if json {
                 print_run(out, &rec, true);
             } else {
@@ -609,10 +615,8 @@ async fn handle(ctx: &Ctx, command: Command, out: &mut String) -> Result<i32> {
             let cfg = ctx.config()?;
             let wf = cfg.workflow(&workflow).map_err(|e| anyhow!(e))?;
             let fire = Fire::manual(payload);
-            let rec = match &ctx.daemon {
-                Some(d) => d.run_now(wf, fire, live).await?,
-                None => run_in_foreground(engine, wf, fire, live).await?,
-            };
+            let ask = if live { Ask::Live } else { Ask::Dry };
+            let rec = ctx.run(wf, fire, ask).await?;
             print_run(out, &rec, json);
             Ok(rec.state.exit_code())
         }
@@ -667,7 +671,10 @@ async fn handle(ctx: &Ctx, command: Command, out: &mut String) -> Result<i32> {
             let rec = engine.store.run(&run)?.ok_or_else(|| no_run(&run))?;
             let cfg = ctx.config()?;
             let wf = cfg.workflow(&rec.workflow).map_err(|e| anyhow!(e))?;
-            let rec = engine.approve(wf, &run).await?;
+            let rec = ctx
+                .runner
+                .run(Job::approve(Arc::new(wf.clone()), &run))
+                .await?;
             print_run(out, &rec, false);
             Ok(rec.state.exit_code())
         }
@@ -716,30 +723,42 @@ async fn handle(ctx: &Ctx, command: Command, out: &mut String) -> Result<i32> {
     }
 }
 
-/// A run in this process: Ctrl-C or SIGTERM stops it the way the daemon would (its
-/// process group killed, the run recorded `interrupted`) instead of orphaning its steps.
-async fn run_in_foreground(
-    engine: &Engine,
-    wf: &config::Workflow,
-    fire: Fire,
-    live: bool,
-) -> Result<crate::store::RunRecord> {
+/// Runs at once in the CLI's own process (no daemon), as the daemon's default.
+const LOCAL_MAX_CONCURRENT: usize = 8;
+
+impl Ctx {
+    /// One governed run through the runner.
+    async fn run(
+        &self,
+        wf: &config::Workflow,
+        fire: Fire,
+        ask: Ask,
+    ) -> Result<crate::store::RunRecord> {
+        Ok(self
+            .runner
+            .run(Job::fire(Arc::new(wf.clone()), fire, ask))
+            .await?)
+    }
+}
+
+/// In the CLI's own process, Ctrl-C or SIGTERM stops the runs in flight the way the
+/// daemon would (their process groups and cgroups killed, each recorded `interrupted`)
+/// instead of orphaning their steps; with no run in flight the command just exits.
+fn stop_runs_on_signal(runner: Runner) -> Result<tokio::task::JoinHandle<()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let cancel = tokio_util::sync::CancellationToken::new();
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
-    let stop = cancel.clone();
-    let watcher = tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         tokio::select! {
             _ = int.recv() => {}
             _ = term.recv() => {}
         }
+        if runner.in_flight().is_empty() {
+            std::process::exit(130);
+        }
         eprintln!("steward: stopping the run (its process group is killed)");
-        stop.cancel();
-    });
-    let rec = engine.execute_until(wf, fire, live, &cancel).await;
-    watcher.abort();
-    Ok(rec?)
+        runner.cancel_all();
+    }))
 }
 
 async fn case(ctx: &Ctx, cmd: CaseCmd, out: &mut String) -> Result<i32> {
@@ -806,7 +825,7 @@ async fn case(ctx: &Ctx, cmd: CaseCmd, out: &mut String) -> Result<i32> {
                 }
                 None => None,
             };
-            match agency::advance(engine, &cfg, &case_id, &driver, receipt, run).await {
+            match agency::advance(&ctx.runner, &cfg, &case_id, &driver, receipt, run).await {
                 Ok(t) => {
                     if json {
                         wln!(
@@ -990,12 +1009,7 @@ async fn drain(ctx: &Ctx, dry_run: bool, out: &mut String) -> Result<i32> {
             Some(marker.scheduled_for),
             json!({ "catchup": true, "marker": marker.path }),
         );
-        let live = !ctx.daemon.as_ref().is_some_and(|d| d.forced_dry_run())
-            && ctx.engine.live_status(wf)?.is_live();
-        let rec = match &ctx.daemon {
-            Some(d) => d.run_now(wf, fire, live).await?,
-            None => run_in_foreground(&ctx.engine, wf, fire, live).await?,
-        };
+        let rec = ctx.run(wf, fire, Ask::Auto).await?;
         wln!(
             out,
             "ran {} for {}: {} ({})",
@@ -1131,11 +1145,13 @@ async fn dead_letter(ctx: &Ctx, cmd: DeadLetterCmd, out: &mut String) -> Result<
             let mut fire = Fire::manual(None);
             fire.trigger = entry.run.trigger.clone();
             fire.retry_of = Some(run.clone());
-            let live = !entry.run.dry_run;
-            let rec = match &ctx.daemon {
-                Some(d) => d.run_now(wf, fire, live).await?,
-                None => run_in_foreground(engine, wf, fire, live).await?,
+            // A dry run is retried dry; a live one live if the workflow still may be.
+            let ask = if entry.run.dry_run {
+                Ask::Dry
+            } else {
+                Ask::Auto
             };
+            let rec = ctx.run(wf, fire, ask).await?;
             engine.store.remove_dead_letter(&run)?;
             engine.store.flush()?;
             print_run(out, &rec, json);

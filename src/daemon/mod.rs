@@ -8,7 +8,6 @@
 //! set stays), USR1/USR2 force and lift dry-run for every workflow, TERM/INT stop (a
 //! second one cuts the grace short). Runs are never cut short by a reload.
 
-mod dispatch;
 mod triggers;
 
 use std::net::SocketAddr;
@@ -24,9 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Workflow};
 use crate::governed::{self, Engine, Fire};
+use crate::live::Ask;
+use crate::runner::{Job, Runner};
 use crate::store::{RunRecord, StoreError};
-
-pub use dispatch::{Dispatcher, Mode};
 
 pub struct Options {
     pub config_dir: PathBuf,
@@ -39,7 +38,7 @@ pub struct Options {
 /// What the daemon's tasks and the control socket share.
 pub struct Shared {
     pub engine: Engine,
-    pub dispatcher: Dispatcher,
+    pub runner: Runner,
     pub config_dir: PathBuf,
     pub state_dir: PathBuf,
     config: RwLock<Arc<Config>>,
@@ -57,22 +56,12 @@ impl Shared {
     }
 
     pub fn forced_dry_run(&self) -> bool {
-        self.dispatcher.forced_dry_run()
+        self.runner.forced_dry_run()
     }
 
     /// The current definition of a workflow (it may have changed with a reload).
     pub fn workflow(&self, id: &str) -> Option<Arc<Workflow>> {
         self.config().workflows.get(id).cloned().map(Arc::new)
-    }
-
-    /// A manual run through the dispatcher (overlap, global cap, forced dry-run apply).
-    pub async fn run_now(&self, wf: &Workflow, fire: Fire, live: bool) -> Result<RunRecord> {
-        let rx = self
-            .dispatcher
-            .submit(Arc::new(wf.clone()), fire, Mode::Manual { live });
-        rx.await
-            .map_err(|_| anyhow!("the daemon stopped before the run ended"))?
-            .map_err(|e| anyhow!(e))
     }
 
     /// A triggered fire; resolves to the run's record, None if nothing ran (stopping,
@@ -85,19 +74,18 @@ impl Shared {
             );
             return None;
         };
-        match self.dispatcher.submit(wf, fire, Mode::Triggered).await {
-            Ok(Ok(rec)) => {
+        match self.runner.run(Job::fire(wf, fire, Ask::Auto)).await {
+            Ok(rec) => {
                 // A digest agent's summary line goes to stdout (journald) as well.
                 if let Some(line) = &rec.summary {
                     println!("{line}");
                 }
                 Some(rec)
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 tracing::warn!(workflow, "fire not run: {e}");
                 None
             }
-            Err(_) => None,
         }
     }
 
@@ -148,8 +136,8 @@ impl Shared {
             "config_dir": self.config_dir,
             "state_dir": self.state_dir,
             "forced_dry_run": forced,
-            "in_flight": self.dispatcher.in_flight(),
-            "waiting": self.dispatcher.waiting(),
+            "in_flight": self.runner.in_flight(),
+            "waiting": self.runner.waiting(),
             "workflows": workflows,
             "webhook_listen": self.webhook_addr.lock().unwrap_or_else(|p| p.into_inner()).map(|a| a.to_string()),
             "process_containment": crate::containment::describe(),
@@ -194,7 +182,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     }
     let listener = crate::control_socket::bind(&state_dir)?;
     let shared = Arc::new(Shared {
-        dispatcher: Dispatcher::new(engine.clone(), opts.max_concurrent),
+        runner: Runner::new(engine.clone(), opts.max_concurrent),
         engine,
         config_dir: opts.config_dir.clone(),
         state_dir: state_dir.clone(),
@@ -244,11 +232,11 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
                     notify_systemd(&[sd_notify::NotifyState::Ready]);
                 }
                 Some(SIGUSR1) => {
-                    shared.dispatcher.set_forced_dry_run(true);
+                    shared.runner.set_forced_dry_run(true);
                     tracing::warn!("SIGUSR1: forced dry-run for every workflow (commits are skipped) until SIGUSR2");
                 }
                 Some(SIGUSR2) => {
-                    shared.dispatcher.set_forced_dry_run(false);
+                    shared.runner.set_forced_dry_run(false);
                     tracing::warn!("SIGUSR2: forced dry-run lifted");
                 }
                 Some(sig) => {
@@ -277,7 +265,9 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
             }
         })
     };
-    shared.dispatcher.shutdown(opts.grace, now).await;
+    shared.runner.shutdown(opts.grace, now).await;
+    // Case turns whose member run just ended record it before the store's last flush.
+    triggers.wait_for_drives().await;
     second.abort();
     signals_handle.close();
     stop_socket.cancel();

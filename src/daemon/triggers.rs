@@ -17,6 +17,8 @@ use super::Shared;
 use crate::config::{Trigger, Workflow};
 use crate::drain;
 use crate::governed::Fire;
+use crate::live::Ask;
+use crate::runner::Job;
 use crate::store::RunState;
 use crate::trigger::{file, queue, schedule, webhook};
 
@@ -38,6 +40,9 @@ pub struct Triggers {
     /// Per job with a catch-up run: opened once that run is handed to the dispatcher,
     /// so the job's schedule cannot take a new fire before its catch-up ("drain first").
     gates: HashMap<String, CancellationToken>,
+    /// The daemon's own case drives, waited for at shutdown so a turn whose member run
+    /// was interrupted is recorded before the store's last flush.
+    drives: tokio_util::task::TaskTracker,
 }
 
 /// Identifies a trigger task: the workflow and its trigger's definition. A reload that
@@ -54,6 +59,7 @@ fn key(wf: &Workflow) -> String {
 async fn drive_agency(shared: &Arc<Shared>, agency: &str) {
     let config = shared.config();
     let engine = &shared.engine;
+    let runner = &shared.runner;
     let ids = match engine.store.case_ids() {
         Ok(ids) => ids,
         Err(e) => {
@@ -69,7 +75,10 @@ async fn drive_agency(shared: &Arc<Shared>, agency: &str) {
             continue;
         }
         for _ in 0..=case.agency.limits.max_turns {
-            match crate::agency::advance(engine, &config, &id, "daemon", None, true).await {
+            if !runner.accepting() {
+                return;
+            }
+            match crate::agency::advance(runner, &config, &id, "daemon", None, true).await {
                 Ok(t) if t.status == "advanced" => continue,
                 Ok(t) => {
                     tracing::info!(agency, case = %id, status = %t.status, "case stopped: {}", t.reason.unwrap_or_default());
@@ -96,7 +105,16 @@ fn submitter(
     move |fire: Fire| {
         let shared = shared.clone();
         let id = id.clone();
-        Box::pin(async move { shared.fire(&id, fire).await })
+        Box::pin(async move {
+            let rec = shared.fire(&id, fire).await;
+            // Skipped by overlap: the item is still there. Wait for the run in the way to
+            // end before the task offers it again, so the skip is recorded once, not once
+            // per retry.
+            if rec.as_ref().is_some_and(|r| r.state == RunState::Skipped) {
+                shared.runner.idle(&id).await;
+            }
+            rec
+        })
     }
 }
 
@@ -116,6 +134,7 @@ impl Triggers {
             routes: Default::default(),
             webhook_server: None,
             gates: HashMap::new(),
+            drives: tokio_util::task::TaskTracker::new(),
         })
     }
 
@@ -321,11 +340,12 @@ impl Triggers {
         });
         let running = Arc::new(tokio::sync::Mutex::new(()));
         let id = agency.to_string();
+        let drives = self.drives.clone();
         let on_fire: schedule::OnFire = Arc::new(move |_slot| {
             let shared = shared.clone();
             let id = id.clone();
             let running = running.clone();
-            tokio::spawn(async move {
+            drives.spawn(async move {
                 // One drive at a time per agency; a slot that finds one going is skipped.
                 let Ok(_guard) = running.try_lock() else {
                     return;
@@ -398,6 +418,17 @@ impl Triggers {
         if let Some(w) = self.webhook_server.take() {
             w.cancel.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(2), w.handle).await;
+        }
+    }
+
+    /// Waits (at most 30 s) for the daemon's case drives to record their last turn.
+    pub async fn wait_for_drives(&self) {
+        self.drives.close();
+        if tokio::time::timeout(Duration::from_secs(30), self.drives.wait())
+            .await
+            .is_err()
+        {
+            tracing::error!("case drives did not finish within 30s of the runs' end");
         }
     }
 
@@ -523,10 +554,12 @@ impl Triggers {
                     gate.cancel();
                     return;
                 };
-                let done = shared.dispatcher.submit(wf, fire, super::Mode::Triggered);
+                let done = shared.runner.submit(Job::fire(wf, fire, Ask::Auto));
                 gate.cancel();
                 match done.await {
-                    Ok(Ok(rec)) if rec.state != RunState::Interrupted => {
+                    Ok(Ok(rec))
+                        if !matches!(rec.state, RunState::Interrupted | RunState::Skipped) =>
+                    {
                         for f in files {
                             let _ = std::fs::remove_file(f);
                         }
