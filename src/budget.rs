@@ -113,10 +113,6 @@ impl BudgetGuard {
         }
     }
 
-    pub fn caps(&self) -> &Caps {
-        &self.caps
-    }
-
     /// Adds a charge and reports a breach if it took usage over the cap.
     pub fn charge(&mut self, resource: Resource, amount: f64) -> Option<Breach> {
         match resource {

@@ -1031,24 +1031,11 @@ fn scrub(out: &mut StepOutcome, r: &Redactor) {
     }
 }
 
-/// Names passed through from steward's own environment to every step.
-const PASSTHROUGH: &[&str] = &[
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR",
-];
-
 /// Resolves the workflow's `[env]`; on failure returns why, with whatever redactor it has.
 fn step_env(wf: &Workflow) -> std::result::Result<StepEnv, (String, Redactor)> {
-    let mut vars = Vec::new();
+    let mut vars = crate::step::base_env();
     let mut secrets = Vec::new();
     let mut missing = Vec::new();
-    for name in PASSTHROUGH {
-        if let Ok(v) = std::env::var(name) {
-            vars.push((name.to_string(), v));
-        }
-    }
-    if !vars.iter().any(|(k, _)| k == "PATH") {
-        vars.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
-    }
     for (name, value) in &wf.env {
         let v = match value {
             EnvValue::Literal { value, .. } => value.clone(),

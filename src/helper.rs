@@ -11,6 +11,9 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The most stdout kept from a helper (a command source's feed is capped alike).
+pub const MAX_STDOUT: usize = 5 << 20;
+
 /// What a helper left: exit code (-1 if killed by a signal), stdout, stderr.
 pub struct Output {
     pub code: i32,
@@ -35,8 +38,11 @@ pub async fn run(
         program.into()
     };
     let mut cmd = tokio::process::Command::new(&program);
+    // The steps' allowlist, not steward's whole environment (which may hold secrets).
     cmd.args(args)
         .current_dir(cwd)
+        .env_clear()
+        .envs(crate::step::base_env())
         .stdin(if input.is_some() {
             std::process::Stdio::piped()
         } else {
@@ -72,7 +78,7 @@ pub async fn run(
         let mut stderr = Vec::new();
         let read_out = async {
             if let Some(o) = out.as_mut() {
-                let _ = o.read_to_end(&mut stdout).await;
+                let _ = o.take(MAX_STDOUT as u64 + 1).read_to_end(&mut stdout).await;
             }
         };
         let read_err = async {
@@ -81,6 +87,12 @@ pub async fn run(
             }
         };
         tokio::join!(read_out, read_err);
+        if stdout.len() > MAX_STDOUT {
+            return Err(format!(
+                "wrote more than {} MiB to stdout",
+                MAX_STDOUT >> 20
+            ));
+        }
         let status = child.wait().await.map_err(|e| e.to_string())?;
         Ok::<_, String>(Output {
             code: status.code().unwrap_or(-1),

@@ -24,10 +24,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest};
 
-use crate::step::Exit;
-
 pub type Input = Box<dyn AsyncWrite + Send + Unpin>;
 pub type Output = Box<dyn AsyncRead + Send + Unpin>;
+
+/// How the process itself ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exit code {c}"),
+            Exit::Signal(s) => match nix::sys::signal::Signal::try_from(*s) {
+                Ok(sig) => write!(f, "killed by {sig}"),
+                Err(_) => write!(f, "killed by signal {s}"),
+            },
+        }
+    }
+}
 
 /// A running step: its pid (also its process group id), its pipes, and how to wait for it.
 pub struct StepProcess {

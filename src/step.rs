@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::budget::{Breach, BudgetGuard};
 use crate::containment::StepCgroup;
 use crate::control::{self, Message};
+pub use crate::process::Exit;
 use crate::process::{Launch, StepProcess};
 
 /// How much of stdout is kept (the rest is drained and dropped).
@@ -36,6 +37,34 @@ const MAX_NOTES: usize = 100;
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
 /// How long to wait for pipes to reach EOF once the group is gone.
 const DRAIN_WAIT: Duration = Duration::from_millis(500);
+
+/// Names passed through from steward's own environment to every step and helper.
+const PASSTHROUGH: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR",
+];
+
+/// The environment every child starts from: the [`PASSTHROUGH`] names steward has, a
+/// default `PATH` if it has none, and — for a helper started inside a step — the step's
+/// own `STEWARD_*` variables.
+pub fn base_env() -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = PASSTHROUGH
+        .iter()
+        .filter_map(|name| std::env::var(name).ok().map(|v| (name.to_string(), v)))
+        .collect();
+    if !vars.iter().any(|(k, _)| k == "PATH") {
+        vars.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+    }
+    if std::env::var_os("STEWARD_RUN_ID").is_some() {
+        vars.extend(std::env::vars().filter(|(k, _)| {
+            k.starts_with("STEWARD_BUDGET_")
+                || matches!(
+                    k.as_str(),
+                    "STEWARD_RUN_ID" | "STEWARD_WORKFLOW" | "STEWARD_DRY_RUN" | "STEWARD_ATTEMPT"
+                )
+        }));
+    }
+    vars
+}
 
 /// Which of the three steps a process is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -88,31 +117,11 @@ pub enum Ending {
     Cancelled,
 }
 
-/// How the process itself ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    Code(i32),
-    Signal(i32),
-}
-
-impl std::fmt::Display for Exit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Exit::Code(c) => write!(f, "exit code {c}"),
-            Exit::Signal(s) => match Signal::try_from(*s) {
-                Ok(sig) => write!(f, "killed by {sig}"),
-                Err(_) => write!(f, "killed by signal {s}"),
-            },
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct StepOutcome {
     pub ending: Ending,
     pub exit: Option<Exit>,
     pub stdout: String,
-    pub stdout_truncated: bool,
     pub stderr_tail: String,
     pub noop: bool,
     pub block: Option<String>,
@@ -131,7 +140,6 @@ impl StepOutcome {
             ending,
             exit: None,
             stdout: String::new(),
-            stdout_truncated: false,
             stderr_tail: String::new(),
             noop: false,
             block: None,
@@ -305,13 +313,12 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     }
     ctl_task.abort();
     if let Some(task) = stdout_task {
-        if let Ok(Ok((bytes, truncated))) = tokio::time::timeout_at(drain_until, task).await {
+        if let Ok(Ok(bytes)) = tokio::time::timeout_at(drain_until, task).await {
             out.stdout = String::from_utf8_lossy(&bytes).into_owned();
-            out.stdout_truncated = truncated;
         }
     }
     if let Some(task) = stderr_task {
-        if let Ok(Ok((bytes, _))) = tokio::time::timeout_at(drain_until, task).await {
+        if let Ok(Ok(bytes)) = tokio::time::timeout_at(drain_until, task).await {
             out.stderr_tail = String::from_utf8_lossy(&bytes).into_owned();
         }
     }
@@ -537,9 +544,8 @@ async fn read_capped<R: AsyncRead + Unpin>(
     cap: usize,
     tail: bool,
     activity: Arc<Notify>,
-) -> (Vec<u8>, bool) {
+) -> Vec<u8> {
     let mut kept = Vec::new();
-    let mut truncated = false;
     let mut buf = vec![0u8; 8192];
     loop {
         let n = match r.read(&mut buf).await {
@@ -549,7 +555,6 @@ async fn read_capped<R: AsyncRead + Unpin>(
         activity.notify_one();
         kept.extend_from_slice(&buf[..n]);
         if kept.len() > cap {
-            truncated = true;
             if tail {
                 let excess = kept.len() - cap;
                 kept.drain(..excess);
@@ -558,7 +563,7 @@ async fn read_capped<R: AsyncRead + Unpin>(
             }
         }
     }
-    (kept, truncated)
+    kept
 }
 
 /// Reads fd-3 lines, bounded in length, and sends each parsed message.

@@ -26,6 +26,11 @@ pub enum StoreError {
     Locked(PathBuf),
     #[error("cannot open the store in {path}: {source}")]
     Open { path: PathBuf, source: sled::Error },
+    #[error("cannot lock state folder {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("store error: {0}")]
     Sled(#[from] sled::Error),
     #[error("corrupt record in store tree `{tree}` at key `{key}`: {source}")]
@@ -239,6 +244,8 @@ const PRUNE_EVERY: u64 = 1_000;
 
 #[derive(Clone)]
 pub struct Store {
+    /// steward's own lock on the state folder, held as long as any handle lives.
+    _lock: Arc<nix::fcntl::Flock<std::fs::File>>,
     db: sled::Db,
     retention: Arc<std::sync::Mutex<Retention>>,
     finished_since_prune: Arc<AtomicU64>,
@@ -252,24 +259,42 @@ pub struct Store {
     case_events: sled::Tree,
 }
 
+/// One steward process per state folder: an exclusive `flock` on the folder itself
+/// (a read-only open, so a read-only filesystem still reports its own error later).
+/// sled takes a lock of its own too, but tells it apart from other errors only in text.
+fn lock_state_dir(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let dir = std::fs::File::open(state_dir).map_err(|source| StoreError::Lock {
+        path: state_dir.to_path_buf(),
+        source,
+    })?;
+    Flock::lock(dir, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+        if errno == nix::errno::Errno::EWOULDBLOCK {
+            StoreError::Locked(state_dir.to_path_buf())
+        } else {
+            StoreError::Lock {
+                path: state_dir.to_path_buf(),
+                source: errno.into(),
+            }
+        }
+    })
+}
+
 impl Store {
     /// Opens (creating) the store under `state_dir` and recovers from any crash.
     pub fn open(state_dir: &Path) -> Result<(Store, Recovery)> {
+        let lock = lock_state_dir(state_dir)?;
         let path = state_dir.join("store");
         let db = sled::Config::new()
             .path(&path)
             .cache_capacity(64 << 20)
             .open()
-            .map_err(|e| match &e {
-                sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
-                    StoreError::Locked(state_dir.to_path_buf())
-                }
-                _ => StoreError::Open {
-                    path: path.clone(),
-                    source: e,
-                },
+            .map_err(|e| StoreError::Open {
+                path: path.clone(),
+                source: e,
             })?;
         let store = Store {
+            _lock: Arc::new(lock),
             retention: Arc::default(),
             finished_since_prune: Arc::default(),
             runs: db.open_tree("runs")?,

@@ -436,3 +436,28 @@ fn when_no_member_can_act_the_case_escalates_naming_the_missing_input() {
         "{reason}"
     );
 }
+
+#[test]
+fn a_planner_run_by_the_daemon_sees_the_steps_environment_not_the_daemons() {
+    let env = Env::new();
+    let seen = env.path("planner-env");
+    docs_agency(
+        &env,
+        &format!(
+            "cat >/dev/null\nenv > {}\necho '{{\"action\":\"escalate\",\"missing\":\"x\"}}'\n",
+            seen.display()
+        ),
+        LIMITS_50,
+        "",
+    );
+    let _d = env.daemon_env(&[], &[("PLANNER_MUST_NOT_SEE", "hunter2")]);
+    env.steward(&["case", "open", "--agency", "docs", "--case", "e1"]);
+    let (code, v) = advance(&env, "e1", "d", false);
+    assert_eq!(code, 0, "{v}");
+    let text = std::fs::read_to_string(&seen).unwrap();
+    assert!(text.contains("PATH="), "{text}");
+    assert!(
+        !text.contains("hunter2"),
+        "the daemon's environment leaked:\n{text}"
+    );
+}
