@@ -19,6 +19,8 @@ use toml::Spanned;
 
 use crate::budget::Caps;
 use crate::template;
+use crate::trigger::schedule::Schedule;
+pub use crate::trigger::schedule::ScheduleTrigger;
 
 /// One problem in one config file, located as precisely as the parser allows.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,18 +79,6 @@ impl Trigger {
             Trigger::Webhook(_) => "webhook",
         }
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScheduleTrigger {
-    pub cron: String,
-    #[serde(default)]
-    pub timezone: Option<String>,
-    #[serde(default)]
-    pub catchup: Option<String>,
-    #[serde(default)]
-    pub catchup_window_s: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
@@ -329,6 +319,21 @@ pub struct Workflow {
 }
 
 /// Default seconds a commit may take before it is killed (its key is then in doubt).
+impl Workflow {
+    /// The workflow's schedule, if it has one (its config was validated at load).
+    pub fn schedule(&self) -> Option<Schedule> {
+        match &self.trigger {
+            Trigger::Schedule(s) => Schedule::parse(s).ok(),
+            _ => None,
+        }
+    }
+
+    /// The next fire as `{"local", "utc", "timezone"}`, for `list` and `status`.
+    pub fn next_fire_json(&self) -> Option<serde_json::Value> {
+        self.schedule()?.next_fire_json()
+    }
+}
+
 pub const DEFAULT_COMMIT_TIMEOUT_S: f64 = 300.0;
 /// Default seconds between SIGTERM and SIGKILL when a step is stopped.
 pub const DEFAULT_KILL_GRACE_S: f64 = 2.0;
@@ -750,7 +755,7 @@ impl Validator<'_> {
             kinds.push(Trigger::Manual);
         }
         if let Some(s) = t.schedule {
-            if let Err(e) = crate::trigger::schedule::Schedule::parse(&s) {
+            if let Err(e) = Schedule::parse(&s) {
                 self.err(span.clone(), e);
             }
             kinds.push(Trigger::Schedule(s));

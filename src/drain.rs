@@ -164,7 +164,7 @@ pub fn windows(config: &crate::config::Config, now: DateTime<Utc>) -> BTreeMap<S
     let mut w: BTreeMap<String, Duration> = config
         .workflows
         .values()
-        .filter_map(|wf| crate::trigger::schedule::of(wf).map(|s| (wf.id.clone(), s.window(now))))
+        .filter_map(|wf| wf.schedule().map(|s| (wf.id.clone(), s.window(now))))
         .collect();
     for a in config.agents.values() {
         w.entry(a.name.clone())

@@ -24,6 +24,7 @@
 
 pub mod agency;
 pub mod agent;
+pub mod api;
 pub mod budget;
 pub mod cli;
 pub mod config;
@@ -41,6 +42,7 @@ pub mod runlog;
 pub mod runner;
 pub mod scaffold;
 pub mod secret;
+pub mod service;
 pub mod step;
 pub mod store;
 pub mod template;

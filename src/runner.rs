@@ -17,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
 use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -87,6 +86,21 @@ pub enum RunError {
 }
 
 pub type Outcome = Result<RunRecord, RunError>;
+
+/// A run holding its workflow's place (running, or waiting for the global cap).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct InFlight {
+    pub workflow: String,
+    pub run_id: String,
+    pub started_at: String,
+}
+
+/// A fire buffered behind an active run of its workflow.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Waiting {
+    pub workflow: String,
+    pub run_id: String,
+}
 
 struct Pending {
     job: Job,
@@ -327,25 +341,32 @@ impl Runner {
     }
 
     /// Runs in flight, for `steward status`.
-    pub fn in_flight(&self) -> Vec<Value> {
+    pub fn in_flight(&self) -> Vec<InFlight> {
         let slots = self.lock();
-        let mut out: Vec<Value> = slots
+        let mut out: Vec<InFlight> = slots
             .iter()
-            .flat_map(|(wf, s)| s.active.iter().map(move |a| json!({ "workflow": wf, "run_id": a.run_id, "started_at": a.started_at.to_rfc3339() })))
+            .flat_map(|(wf, s)| {
+                s.active.iter().map(move |a| InFlight {
+                    workflow: wf.clone(),
+                    run_id: a.run_id.clone(),
+                    started_at: a.started_at.to_rfc3339(),
+                })
+            })
             .collect();
-        out.sort_by(|a, b| a["run_id"].as_str().cmp(&b["run_id"].as_str()));
+        out.sort_by(|a, b| a.run_id.cmp(&b.run_id));
         out
     }
 
     /// Fires buffered behind an active run (`buffer_one`, `buffer_all`, `cancel_other`).
-    pub fn waiting(&self) -> Vec<Value> {
+    pub fn waiting(&self) -> Vec<Waiting> {
         let slots = self.lock();
         slots
             .iter()
             .flat_map(|(wf, s)| {
-                s.pending
-                    .iter()
-                    .map(move |p| json!({ "workflow": wf, "run_id": p.job.run_id() }))
+                s.pending.iter().map(move |p| Waiting {
+                    workflow: wf.clone(),
+                    run_id: p.job.run_id().to_string(),
+                })
             })
             .collect()
     }

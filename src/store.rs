@@ -22,8 +22,8 @@ use crate::budget::Figures;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("state folder {0} is in use by another steward process (a running daemon or `steward run`); stop it or wait for it to finish")]
-    Locked(PathBuf),
+    #[error("state folder {} is in use by another steward process{} (a running daemon or `steward run`); stop it or wait for it to finish", .dir.display(), .holders)]
+    Locked { dir: PathBuf, holders: String },
     #[error("cannot open the store in {path}: {source}")]
     Open { path: PathBuf, source: sled::Error },
     #[error("cannot lock state folder {path}: {source}")]
@@ -259,6 +259,36 @@ pub struct Store {
     case_events: sled::Tree,
 }
 
+/// ` (pid N: cmdline)` for the processes that hold `dir` open, as far as /proc shows.
+fn holders(dir: &Path) -> String {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if pid == std::process::id() {
+            continue;
+        }
+        let fds = std::fs::read_dir(entry.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten();
+        if fds
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|t| t == dir)
+        {
+            let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            found.push(format!("pid {pid}: {}", cmd.trim()));
+        }
+    }
+    if found.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", found.join("; "))
+    }
+}
+
 /// One steward process per state folder: an exclusive `flock` on the folder itself
 /// (a read-only open, so a read-only filesystem still reports its own error later).
 /// sled takes a lock of its own too, but tells it apart from other errors only in text.
@@ -268,16 +298,30 @@ fn lock_state_dir(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> 
         path: state_dir.to_path_buf(),
         source,
     })?;
-    Flock::lock(dir, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
-        if errno == nix::errno::Errno::EWOULDBLOCK {
-            StoreError::Locked(state_dir.to_path_buf())
-        } else {
-            StoreError::Lock {
-                path: state_dir.to_path_buf(),
-                source: errno.into(),
+    // A steward that was just killed can hold the lock for a moment while the kernel
+    // tears it down: give that a second before calling the folder taken.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let mut dir = dir;
+    loop {
+        match Flock::lock(dir, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                dir = back;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                let dir = std::fs::canonicalize(state_dir).unwrap_or(state_dir.to_path_buf());
+                let holders = holders(&dir);
+                return Err(StoreError::Locked { dir, holders });
+            }
+            Err((_, errno)) => {
+                return Err(StoreError::Lock {
+                    path: state_dir.to_path_buf(),
+                    source: errno.into(),
+                })
             }
         }
-    })
+    }
 }
 
 impl Store {

@@ -1,38 +1,32 @@
-//! The command line: clap definitions and one handler per command.
+//! The command line: clap definitions, and the one place arguments are read.
 //!
 //! Output is for a person by default; `--json` gives a script something stable to parse.
 //! Errors go to stderr as `steward: what failed: why`, with a hint where there is one.
 //!
-//! sled admits one process per state folder, so while a daemon runs, every command that
-//! touches the store is sent to it over the control socket ([`crate::control_socket`]) and
-//! executed there by the same [`execute`] handler; the reply is printed here. With no
-//! daemon, the CLI opens the store itself.
+//! Every command that touches the store becomes a typed [`Request`] ([`request`]). sled
+//! admits one process per state folder, so while a daemon runs the request goes to it over
+//! the control socket ([`client`]); with no daemon the CLI answers it itself with the same
+//! [`Service`] and a runner of its own. Either way the [`Response`] is shown here
+//! ([`show`]).
 
+mod client;
 mod logs;
 mod render;
+mod request;
+mod show;
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use serde::{Deserialize, Serialize};
-use serde_json::json;
 
-use crate::config::{self, Config};
+use crate::api::{Request, Response};
+use crate::config;
 use crate::daemon;
-use crate::governed::{self, Engine, Fire};
-use crate::live::Ask;
-use crate::runner::{Job, Runner};
+use crate::governed::{self, Engine};
+use crate::runner::Runner;
+use crate::service::Service;
 use crate::store::RunState;
-
-/// `writeln!` into a String cannot fail.
-macro_rules! wln {
-    ($out:expr, $($arg:tt)*) => {{
-        let _ = writeln!($out, $($arg)*);
-    }};
-}
 
 const AFTER_HELP: &str = "\
 Every run goes trigger → run (maker) → verify (checker) → commit, under hard budgets.
@@ -319,33 +313,6 @@ pub struct NewArgs {
     pub workflow: String,
 }
 
-/// What a command printed and how it exits: built the same way locally and in the daemon.
-#[derive(Debug, Default, Clone, Serialize, Deserialize)]
-pub struct Reply {
-    pub stdout: String,
-    pub stderr: String,
-    pub code: i32,
-}
-
-/// What a handler works against: the engine, the config, and the daemon when it is the
-/// daemon executing the command.
-pub struct Ctx {
-    pub engine: Engine,
-    /// The road every run takes: the daemon's runner, or one in this process.
-    pub runner: Runner,
-    pub config_dir: PathBuf,
-    pub daemon: Option<Arc<daemon::Shared>>,
-}
-
-impl Ctx {
-    fn config(&self) -> Result<Arc<Config>> {
-        match &self.daemon {
-            Some(d) => Ok(d.config()),
-            None => Ok(Arc::new(load_config(&self.config_dir)?)),
-        }
-    }
-}
-
 /// Runs the CLI and returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
@@ -450,600 +417,18 @@ fn run_cli(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         command => {
-            // Everything else touches the store: through the daemon if one runs.
-            let argv = absolute_paths(std::env::args().skip(1).collect());
-            if let Some(reply) = crate::control_socket::forward(&state, &argv)? {
-                print!("{}", reply.stdout);
-                eprint!("{}", reply.stderr);
-                return Ok(reply.code);
-            }
-            if let Command::Status { .. } = command {
-                bail!("no steward daemon is running on state folder {} (start one with `steward daemon`)", state.display());
-            }
-            if let Command::Enqueue { queue, payload } = &command {
-                let payload = parse_json("--payload", payload)?;
-                let item = crate::trigger::queue::write_item(&state, queue, &payload)?;
-                println!("queued item {item} on {queue} (no daemon running: it runs when the daemon starts)");
-                return Ok(0);
-            }
-            let engine = open_engine(&state)?;
-            engine
-                .store
-                .set_retention(crate::config::Settings::load_lenient(&config).retention());
-            let ctx = Ctx {
-                runner: Runner::new(engine.clone(), LOCAL_MAX_CONCURRENT),
-                engine,
-                config_dir: config,
-                daemon: None,
+            // Everything else is a request: to the daemon if one runs, else answered here.
+            let (request, view) = request::of(command)?;
+            let (response, local) = match client::forward(&state, &request)? {
+                Some(response) => (response, false),
+                None => (answer_here(&config, &state, request)?, true),
             };
-            let reply = block_on(async {
-                let watcher = stop_runs_on_signal(ctx.runner.clone())?;
-                let reply = execute(&ctx, command).await;
-                watcher.abort();
-                Ok::<_, anyhow::Error>(reply)
-            })?;
-            print!("{}", reply.stdout);
-            eprint!("{}", reply.stderr);
-            Ok(reply.code)
+            let shown = show::response(&response, &view, local);
+            print!("{}", shown.stdout);
+            eprint!("{}", shown.stderr);
+            Ok(shown.code)
         }
     }
-}
-
-/// File arguments the daemon reads must not depend on its working folder.
-fn absolute_paths(mut argv: Vec<String>) -> Vec<String> {
-    let cwd = std::env::current_dir().unwrap_or_default();
-    let mut i = 0;
-    while i < argv.len() {
-        if argv[i] == "--member-result" && i + 1 < argv.len() {
-            argv[i + 1] = cwd.join(&argv[i + 1]).to_string_lossy().into_owned();
-            i += 1;
-        } else if let Some(p) = argv[i].strip_prefix("--member-result=") {
-            argv[i] = format!("--member-result={}", cwd.join(p).display());
-        }
-        i += 1;
-    }
-    argv
-}
-
-/// Runs one store command and collects what it prints.
-pub async fn execute(ctx: &Ctx, command: Command) -> Reply {
-    let mut reply = Reply::default();
-    match handle(ctx, command, &mut reply.stdout).await {
-        Ok(code) => reply.code = code,
-        Err(e) => {
-            wln!(reply.stderr, "steward: {e:#}");
-            reply.code = 1;
-        }
-    }
-    reply
-}
-
-async fn handle(ctx: &Ctx, command: Command, out: &mut String) -> Result<i32> {
-    let engine = &ctx.engine;
-    match command {
-        Command::Daemon(_)
-        | Command::Validate
-        | Command::New(_)
-        | Command::Logs { .. }
-        | Command::AgentStep { .. } => {
-            bail!("this command runs in the CLI, not through the daemon")
-        }
-        Command::Digest {
-            agent,
-            dry_run,
-            json,
-        } => {
-            let cfg = ctx.config()?;
-            let wf = cfg.workflow(&agent).map_err(|e| anyhow!(e))?;
-            if wf.agent.is_none() {
-                bail!("`{agent}` is a workflow, not a digest agent: use `steward run {agent}`");
-            }
-            let fire = Fire::manual(dry_run.then(|| json!({ "preview": true })));
-            let ask = if dry_run { Ask::Dry } else { Ask::Auto };
-            let rec = ctx.run(wf, fire, ask).await?;
-            if json {
-                print_run(out, &rec, true);
-            } else {
-                if dry_run {
-                    if let Some(text) = rec.output.as_ref().and_then(|o| o["preview"].as_str()) {
-                        wln!(out, "{text}");
-                    }
-                }
-                wln!(
-                    out,
-                    "{}",
-                    rec.summary.clone().unwrap_or_else(|| format!(
-                        "{}: {} ({})",
-                        rec.workflow, rec.state, rec.reason
-                    ))
-                );
-            }
-            Ok(rec.state.exit_code())
-        }
-        Command::Drain { dry_run } => drain(ctx, dry_run, out).await,
-        Command::Case(cmd) => case(ctx, cmd, out).await,
-        Command::Status { json } => {
-            let d = ctx.daemon.as_ref().ok_or_else(|| anyhow!("no daemon"))?;
-            let status = d.status()?;
-            if json {
-                wln!(out, "{}", serde_json::to_string_pretty(&status)?);
-            } else {
-                render::status(out, &status);
-            }
-            Ok(0)
-        }
-        Command::Enqueue { queue, payload } => {
-            let d = ctx.daemon.as_ref().ok_or_else(|| anyhow!("no daemon"))?;
-            let payload = parse_json("--payload", &payload)?;
-            let item = d.enqueue(&queue, &payload)?;
-            wln!(out, "queued item {item} on {queue}");
-            Ok(0)
-        }
-        Command::List { json } => {
-            let cfg = ctx.config()?;
-            let mut rows = Vec::new();
-            for wf in cfg.workflows.values() {
-                let status = engine.live_status(wf)?;
-                let forced = ctx.daemon.as_ref().is_some_and(|d| d.forced_dry_run());
-                let mut row = json!({
-                    "id": wf.id,
-                    "trigger": wf.trigger.kind(),
-                    "live": status.is_live() && !forced,
-                    "mode": if forced { "dry-run (forced for every workflow by SIGUSR1; SIGUSR2 lifts it)".to_string() } else { status.describe(&wf.id) },
-                    "description": wf.description,
-                    "file": wf.file,
-                });
-                if let Some(next) = crate::trigger::schedule::next_fire_json(wf) {
-                    row["next_fire"] = next;
-                }
-                rows.push(row);
-            }
-            if json {
-                wln!(out, "{}", serde_json::to_string_pretty(&rows)?);
-            } else {
-                render::workflows_table(out, &rows);
-            }
-            Ok(0)
-        }
-        Command::Run {
-            workflow,
-            live,
-            payload,
-            json,
-        } => {
-            let payload = payload.map(|p| parse_json("--payload", &p)).transpose()?;
-            let cfg = ctx.config()?;
-            let wf = cfg.workflow(&workflow).map_err(|e| anyhow!(e))?;
-            let fire = Fire::manual(payload);
-            let ask = if live { Ask::Live } else { Ask::Dry };
-            let rec = ctx.run(wf, fire, ask).await?;
-            print_run(out, &rec, json);
-            Ok(rec.state.exit_code())
-        }
-        Command::Runs {
-            workflow,
-            status,
-            limit,
-            json,
-        } => {
-            let status = status.map(|s| parse_state(&s)).transpose()?;
-            let runs = engine.store.runs(
-                |r| {
-                    workflow.as_ref().is_none_or(|w| &r.workflow == w)
-                        && status.is_none_or(|s| r.state == s)
-                },
-                limit,
-            )?;
-            if json {
-                wln!(out, "{}", serde_json::to_string_pretty(&runs)?);
-            } else {
-                render::runs_table(out, &runs);
-            }
-            Ok(0)
-        }
-        Command::Show { run, json } => {
-            let rec = engine.store.run(&run)?.ok_or_else(|| no_run(&run))?;
-            if json {
-                wln!(out, "{}", serde_json::to_string_pretty(&rec)?);
-            } else {
-                render::run_detail(out, &rec);
-            }
-            Ok(0)
-        }
-        Command::DeadLetter(cmd) => dead_letter(ctx, cmd, out).await,
-        Command::Review { json } => {
-            let mut runs = Vec::new();
-            for id in engine.store.review_queue()? {
-                if let Some(r) = engine.store.run(&id)? {
-                    runs.push(r);
-                }
-            }
-            if json {
-                wln!(out, "{}", serde_json::to_string_pretty(&runs)?);
-            } else if runs.is_empty() {
-                wln!(out, "review queue is empty");
-            } else {
-                render::runs_table(out, &runs);
-            }
-            Ok(0)
-        }
-        Command::Approve { run } => {
-            let rec = engine.store.run(&run)?.ok_or_else(|| no_run(&run))?;
-            let cfg = ctx.config()?;
-            let wf = cfg.workflow(&rec.workflow).map_err(|e| anyhow!(e))?;
-            let rec = ctx
-                .runner
-                .run(Job::approve(Arc::new(wf.clone()), &run))
-                .await?;
-            print_run(out, &rec, false);
-            Ok(rec.state.exit_code())
-        }
-        Command::Reject { run, reason } => {
-            let rec = engine.reject(&run, reason.as_deref())?;
-            wln!(
-                out,
-                "run {} rejected: its idempotency key is free to fire again",
-                rec.run_id
-            );
-            Ok(0)
-        }
-        Command::GoLive { workflow } => {
-            let cfg = ctx.config()?;
-            let wf = cfg.workflow(&workflow).map_err(|e| anyhow!(e))?;
-            let a = engine.go_live(wf)?;
-            wln!(
-                out,
-                "{} is live: approved config sha256 {} ({}). Editing {} drops it back to dry-run.",
-                wf.id,
-                &a.config_hash[..12],
-                a.approved_by,
-                wf.file.display()
-            );
-            Ok(0)
-        }
-        Command::DryRun { workflow } => {
-            let cfg = ctx.config()?;
-            let wf = cfg.workflow(&workflow).map_err(|e| anyhow!(e))?;
-            if engine.dry_run(wf)? {
-                wln!(
-                    out,
-                    "{} is dry-run again: go-live approval withdrawn",
-                    wf.id
-                );
-            } else {
-                wln!(
-                    out,
-                    "{} was not approved for go-live: it stays dry-run",
-                    wf.id
-                );
-            }
-            Ok(0)
-        }
-        Command::InDoubt(cmd) => in_doubt(engine, cmd, out),
-    }
-}
-
-/// Runs at once in the CLI's own process (no daemon), as the daemon's default.
-const LOCAL_MAX_CONCURRENT: usize = 8;
-
-impl Ctx {
-    /// One governed run through the runner.
-    async fn run(
-        &self,
-        wf: &config::Workflow,
-        fire: Fire,
-        ask: Ask,
-    ) -> Result<crate::store::RunRecord> {
-        Ok(self
-            .runner
-            .run(Job::fire(Arc::new(wf.clone()), fire, ask))
-            .await?)
-    }
-}
-
-/// In the CLI's own process, Ctrl-C or SIGTERM stops the runs in flight the way the
-/// daemon would (their process groups and cgroups killed, each recorded `interrupted`)
-/// instead of orphaning their steps; with no run in flight the command just exits.
-fn stop_runs_on_signal(runner: Runner) -> Result<tokio::task::JoinHandle<()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut term = signal(SignalKind::terminate())?;
-    Ok(tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-        if runner.in_flight().is_empty() {
-            std::process::exit(130);
-        }
-        eprintln!("steward: stopping the run (its process group is killed)");
-        runner.cancel_all();
-    }))
-}
-
-async fn case(ctx: &Ctx, cmd: CaseCmd, out: &mut String) -> Result<i32> {
-    use crate::agency::{self, CaseError};
-    let engine = &ctx.engine;
-    match cmd {
-        CaseCmd::Open {
-            agency: agency_id,
-            case_id,
-            signal,
-        } => {
-            let cfg = ctx.config()?;
-            let a = cfg.agencies.get(&agency_id).ok_or_else(|| {
-                anyhow!(
-                    "no agency `{agency_id}` in {}",
-                    cfg.root.join("agencies").display()
-                )
-            })?;
-            let signal = signal
-                .map(|s| parse_json("--signal", &s))
-                .transpose()?
-                .unwrap_or(serde_json::Value::Null);
-            let c = agency::open(engine, a, &case_id, signal)?;
-            wln!(
-                out,
-                "case {} opened for {}: {} ({} members, limits: {} turns, {} acts, {:.2} USD)",
-                c.case_id,
-                a.id,
-                a.mandate,
-                a.roster.len(),
-                a.limits.max_turns,
-                a.limits.max_acts,
-                a.limits.max_spend_usd
-            );
-            Ok(0)
-        }
-        CaseCmd::Advance {
-            case_id,
-            driver,
-            member_result,
-            run,
-            json,
-        } => {
-            let cfg = ctx.config()?;
-            let receipt = match member_result {
-                Some(file) => {
-                    let text = std::fs::read_to_string(&file)
-                        .with_context(|| format!("cannot read {}", file.display()))?;
-                    let v: serde_json::Value = serde_json::from_str(&text)
-                        .with_context(|| format!("{} is not JSON", file.display()))?;
-                    Some(agency::Receipt {
-                        turn: 0,
-                        member: String::new(),
-                        run_id: v["run_id"]
-                            .as_str()
-                            .ok_or_else(|| {
-                                anyhow!("{}: run_id is required (the receipt)", file.display())
-                            })?
-                            .to_string(),
-                        state: v["state"].as_str().unwrap_or("success").to_string(),
-                        output: v["output"].clone(),
-                        spend_usd: v["spend_usd"].as_f64().unwrap_or(0.0).max(0.0),
-                    })
-                }
-                None => None,
-            };
-            match agency::advance(&ctx.runner, &cfg, &case_id, &driver, receipt, run).await {
-                Ok(t) => {
-                    if json {
-                        wln!(
-                            out,
-                            "{}",
-                            serde_json::to_string_pretty(&json!({ "agency_turn": t }))?
-                        );
-                    } else {
-                        wln!(out, "{}", agency::render(&t));
-                    }
-                    Ok(match t.status.as_str() {
-                        "refused" => 4,
-                        "failed" => 5,
-                        _ => 0,
-                    })
-                }
-                Err(e @ CaseError::Conflict { .. }) => {
-                    wln!(
-                        out,
-                        "{}",
-                        serde_json::to_string(
-                            &json!({ "error": "version_conflict", "message": e.to_string() })
-                        )?
-                    );
-                    Ok(10)
-                }
-                Err(e) => Err(e.into()),
-            }
-        }
-        CaseCmd::Approve { case_id } => {
-            let c = agency::approve(
-                engine,
-                &case_id,
-                &std::env::var("USER").unwrap_or_else(|_| "operator".into()),
-            )?;
-            wln!(
-                out,
-                "case {} approved at turn {}: the next advance dispatches the waiting move",
-                c.case_id,
-                c.turns
-            );
-            Ok(0)
-        }
-        CaseCmd::Status { case_id, json } => {
-            let (c, _) =
-                agency::load(engine, &case_id)?.ok_or_else(|| anyhow!("no case {case_id}"))?;
-            if json {
-                wln!(out, "{}", serde_json::to_string_pretty(&c)?);
-            } else {
-                wln!(
-                    out,
-                    "case {} ({}): {:?} · turn {} · acts {}/{} · spend {:.2}/{:.2} USD",
-                    c.case_id,
-                    c.agency.id,
-                    c.status,
-                    c.turns,
-                    c.acts,
-                    c.agency.limits.max_acts,
-                    c.spend_usd,
-                    c.agency.limits.max_spend_usd
-                );
-                for r in &c.receipts {
-                    wln!(
-                        out,
-                        "  turn {} {}: run {} {} ({:.2} USD)",
-                        r.turn,
-                        r.member,
-                        r.run_id,
-                        r.state,
-                        r.spend_usd
-                    );
-                }
-            }
-            Ok(0)
-        }
-        CaseCmd::Verify { case_id } => {
-            let raw = engine.store.case_events(&case_id)?;
-            if raw.is_empty() {
-                bail!("no case {case_id}");
-            }
-            let n = raw.len();
-            let events: Result<Vec<agency::Event>, String> = raw
-                .into_iter()
-                .map(|(v, b)| {
-                    serde_json::from_slice(&b).map_err(|e| format!("event {v}: unreadable ({e})"))
-                })
-                .collect();
-            match events.and_then(|e| agency::verify_chain(&e)) {
-                Ok(()) => {
-                    wln!(out, "case {case_id}: {n} events, chain intact");
-                    Ok(0)
-                }
-                Err(e) => {
-                    wln!(out, "case {case_id}: broken link at {e}");
-                    Ok(1)
-                }
-            }
-        }
-        CaseCmd::List { json } => {
-            let mut rows = Vec::new();
-            for id in engine.store.case_ids()? {
-                match agency::load(engine, &id) {
-                    Ok(Some((c, _))) => rows.push(json!({ "case_id": id, "agency": c.agency.id, "status": c.status, "turns": c.turns, "acts": c.acts, "spend_usd": c.spend_usd })),
-                    Ok(None) => {}
-                    Err(e) => rows.push(json!({ "case_id": id, "status": "unreadable", "error": e.to_string() })),
-                }
-            }
-            if json {
-                wln!(out, "{}", serde_json::to_string_pretty(&rows)?);
-            } else if rows.is_empty() {
-                wln!(out, "no cases");
-            } else {
-                for r in rows {
-                    wln!(
-                        out,
-                        "{:<24} {:<20} {:<18} turns {} acts {} spend {}",
-                        r["case_id"].as_str().unwrap_or(""),
-                        r["agency"].as_str().unwrap_or(""),
-                        r["status"].as_str().unwrap_or(""),
-                        r["turns"],
-                        r["acts"],
-                        r["spend_usd"]
-                    );
-                }
-            }
-            Ok(0)
-        }
-    }
-}
-
-/// `steward drain`: per job, run the newest unexpired marker, then delete it and the older
-/// ones; delete expired markers unrun; report and keep unreadable ones.
-async fn drain(ctx: &Ctx, dry_run: bool, out: &mut String) -> Result<i32> {
-    use crate::drain;
-    let cfg = ctx.config()?;
-    let now = chrono::Utc::now();
-    let dir = drain::marker_dir(&cfg.vault());
-    let (markers, bad) = drain::scan(&dir);
-    let windows = drain::windows(&cfg, now);
-    let plan = drain::plan(markers, |job| windows.get(job).copied(), now);
-    let verb = |real: &str, would: &str| {
-        if dry_run {
-            would.to_string()
-        } else {
-            real.to_string()
-        }
-    };
-    for (path, why) in bad.iter().chain(plan.left.iter()) {
-        wln!(out, "kept {}: {why}", path.display());
-    }
-    for path in &plan.expired {
-        if !dry_run {
-            std::fs::remove_file(path)
-                .with_context(|| format!("cannot delete {}", path.display()))?;
-        }
-        wln!(
-            out,
-            "{} {} (expired)",
-            verb("deleted", "would delete"),
-            path.display()
-        );
-    }
-    let mut worst = 0;
-    for (marker, older) in plan.run {
-        let Some(wf) = cfg.workflows.get(&marker.job) else {
-            continue;
-        };
-        if dry_run {
-            wln!(
-                out,
-                "would run {} for {} (marker {}), then delete it and {} older",
-                wf.id,
-                marker.scheduled_for,
-                marker.path.display(),
-                older.len()
-            );
-            continue;
-        }
-        let fire = Fire::new(
-            "schedule",
-            Some(marker.scheduled_for),
-            json!({ "catchup": true, "marker": marker.path }),
-        );
-        let rec = ctx.run(wf, fire, Ask::Auto).await?;
-        wln!(
-            out,
-            "ran {} for {}: {} ({})",
-            wf.id,
-            marker.scheduled_for,
-            rec.state,
-            rec.run_id
-        );
-        if let Some(s) = &rec.summary {
-            wln!(out, "{s}");
-        }
-        if rec.state == RunState::Interrupted {
-            wln!(
-                out,
-                "kept the markers of {}: its run was interrupted",
-                wf.id
-            );
-            worst = worst.max(rec.state.exit_code());
-            continue;
-        }
-        for p in older.iter().chain(std::iter::once(&marker.path)) {
-            let _ = std::fs::remove_file(p);
-        }
-        worst = worst.max(rec.state.exit_code());
-    }
-    if bad.is_empty()
-        && plan.expired.is_empty()
-        && plan.left.is_empty()
-        && worst == 0
-        && out.is_empty()
-    {
-        wln!(out, "no queue markers in {}", dir.display());
-    }
-    Ok(worst)
 }
 
 /// `steward agent-step run|check|email AGENT`: one step of an agent's governed run,
@@ -1059,7 +444,7 @@ fn agent_step(config: &Path, state: &Path, step: &str, agent: &str) -> Result<i3
     std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)?;
     let ctx: serde_json::Value =
         serde_json::from_str(&input).context("the run context on stdin is not JSON")?;
-    let cfg = load_config(&config_dir)?;
+    let cfg = crate::service::load_config(&config_dir)?;
     let spec = cfg
         .agents
         .get(agent)
@@ -1111,130 +496,44 @@ fn validate(config: &Path) -> Result<i32> {
     }
 }
 
-async fn dead_letter(ctx: &Ctx, cmd: DeadLetterCmd, out: &mut String) -> Result<i32> {
-    let engine = &ctx.engine;
-    match cmd {
-        DeadLetterCmd::List { json } => {
-            let entries = engine.store.dead_letters()?;
-            if json {
-                wln!(out, "{}", serde_json::to_string_pretty(&entries)?);
-            } else if entries.is_empty() {
-                wln!(out, "dead-letter queue is empty");
-            } else {
-                let runs: Vec<_> = entries.into_iter().map(|e| e.run).collect();
-                render::runs_table(out, &runs);
-            }
+/// No daemon runs: the CLI answers the request itself, with its own runner.
+fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response> {
+    match &request {
+        Request::Status => bail!(
+            "no steward daemon is running on state folder {} (start one with `steward daemon`)",
+            state.display()
+        ),
+        // A queue item needs no store: the daemon takes it when it starts.
+        Request::Enqueue { queue, payload } => {
+            let item = crate::trigger::queue::write_item(state, queue, payload)?;
+            return Ok(Response::Enqueued {
+                queue: queue.clone(),
+                item,
+            });
         }
-        DeadLetterCmd::Show { run, json } => {
-            let entry = engine.store.dead_letter_entry(&run)?.ok_or_else(|| {
-                anyhow!("no dead-letter entry for run `{run}` (see `steward dead-letter list`)")
-            })?;
-            if json {
-                wln!(out, "{}", serde_json::to_string_pretty(&entry)?);
-            } else {
-                wln!(out, "dead-lettered {}", entry.dead_lettered_at.to_rfc3339());
-                render::run_detail(out, &entry.run);
-            }
-        }
-        DeadLetterCmd::Retry { run, json } => {
-            let entry = engine.store.dead_letter_entry(&run)?.ok_or_else(|| {
-                anyhow!("no dead-letter entry for run `{run}` (see `steward dead-letter list`)")
-            })?;
-            let cfg = ctx.config()?;
-            let wf = cfg.workflow(&entry.run.workflow).map_err(|e| anyhow!(e))?;
-            let mut fire = Fire::manual(None);
-            fire.trigger = entry.run.trigger.clone();
-            fire.retry_of = Some(run.clone());
-            // A dry run is retried dry; a live one live if the workflow still may be.
-            let ask = if entry.run.dry_run {
-                Ask::Dry
-            } else {
-                Ask::Auto
-            };
-            let rec = ctx.run(wf, fire, ask).await?;
-            engine.store.remove_dead_letter(&run)?;
-            engine.store.flush()?;
-            print_run(out, &rec, json);
-            return Ok(rec.state.exit_code());
-        }
-        DeadLetterCmd::Purge { runs, all } => {
-            let ids: Vec<String> = if all {
-                engine
-                    .store
-                    .dead_letters()?
-                    .into_iter()
-                    .map(|e| e.run.run_id)
-                    .collect()
-            } else if runs.is_empty() {
-                bail!("name the runs to purge, or pass --all");
-            } else {
-                runs
-            };
-            let mut removed = 0;
-            for id in &ids {
-                if engine.store.remove_dead_letter(id)? {
-                    removed += 1;
-                } else {
-                    wln!(out, "no dead-letter entry for run `{id}`");
-                }
-            }
-            engine.store.flush()?;
-            wln!(
-                out,
-                "purged {removed} dead-letter entr{}",
-                if removed == 1 { "y" } else { "ies" }
-            );
-        }
+        _ => {}
     }
-    Ok(0)
-}
-
-fn in_doubt(engine: &Engine, cmd: InDoubtCmd, out: &mut String) -> Result<i32> {
-    match cmd {
-        InDoubtCmd::List { json } => {
-            let keys = engine.store.keys_in_doubt()?;
-            if json {
-                wln!(out, "{}", serde_json::to_string_pretty(&keys)?);
-            } else if keys.is_empty() {
-                wln!(out, "no idempotency key is in doubt");
-            } else {
-                render::in_doubt_table(out, &keys);
-            }
-        }
-        InDoubtCmd::Resolve {
-            workflow,
-            key,
-            committed,
-            ..
-        } => {
-            engine.settle_key(&workflow, &key, committed)?;
-            if committed {
-                wln!(
-                    out,
-                    "key `{key}` of {workflow} marked committed: a re-fire is a clean no-op"
-                );
-            } else {
-                wln!(
-                    out,
-                    "key `{key}` of {workflow} released: the next fire runs again"
-                );
-            }
-        }
-    }
-    Ok(0)
-}
-
-pub fn load_config(dir: &Path) -> Result<Config> {
-    config::load_dir(dir).map_err(|errors| {
-        let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-        anyhow!(
-            "the config in {} has {} error(s); fix them (see `steward validate`):\n{}",
-            dir.display(),
-            errors.len(),
-            list.join("\n")
-        )
+    let engine = open_engine(state)?;
+    engine
+        .store
+        .set_retention(crate::config::Settings::load_lenient(config).retention());
+    let service = Service {
+        runner: Runner::new(engine.clone(), LOCAL_MAX_CONCURRENT),
+        engine,
+        config_dir: config.to_path_buf(),
+        state_dir: state.to_path_buf(),
+        daemon: None,
+    };
+    block_on(async {
+        let watcher = stop_runs_on_signal(service.runner.clone())?;
+        let response = service.handle(request).await;
+        watcher.abort();
+        Ok(response)
     })
 }
+
+/// Runs at once in the CLI's own process (no daemon), as the daemon's default.
+const LOCAL_MAX_CONCURRENT: usize = 8;
 
 fn open_engine(state: &Path) -> Result<Engine> {
     let (engine, recovery) = governed::open(state)
@@ -1270,28 +569,32 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
-fn print_run(out: &mut String, rec: &crate::store::RunRecord, json: bool) {
-    if json {
-        wln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(rec).unwrap_or_default()
-        );
-    } else {
-        render::run_summary(out, rec);
-    }
-}
-
 fn parse_json(flag: &str, text: &str) -> Result<serde_json::Value> {
     serde_json::from_str(text).map_err(|e| anyhow!("{flag} is not valid JSON: {e}"))
 }
 
 fn parse_state(s: &str) -> Result<RunState> {
-    serde_json::from_value(json!(s)).map_err(|_| {
+    serde_json::from_value(serde_json::json!(s)).map_err(|_| {
         anyhow!("unknown state `{s}`: use success, clean-no-op, blocked, approval-required, exhausted, stagnated, failed, interrupted, skipped or running")
     })
 }
 
-fn no_run(id: &str) -> anyhow::Error {
-    anyhow!("no run with id `{id}` (see `steward runs`)")
+/// In the CLI's own process, Ctrl-C or SIGTERM stops the runs in flight the way the
+/// daemon would (their process groups and cgroups killed, each recorded `interrupted`)
+/// instead of orphaning their steps; with no run in flight the command just exits.
+fn stop_runs_on_signal(runner: Runner) -> Result<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        if runner.in_flight().is_empty() {
+            std::process::exit(130);
+        }
+        eprintln!("steward: stopping the run (its process group is killed)");
+        runner.cancel_all();
+    }))
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::Value;
 use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 use tokio_util::sync::CancellationToken;
 
@@ -110,38 +110,26 @@ impl Shared {
             .or_default()
             .clone()
     }
+}
 
-    pub fn status(&self) -> Result<Value> {
-        let config = self.config();
-        let forced = self.forced_dry_run();
-        let mut workflows = Vec::new();
-        for wf in config.workflows.values() {
-            let live = self.engine.live_status(wf)?;
-            let mut w = json!({
-                "id": wf.id,
-                "trigger": wf.trigger.kind(),
-                "live": live.is_live() && !forced,
-                "mode": live.describe(&wf.id),
-            });
-            if let Some(next) = crate::trigger::schedule::next_fire_json(wf) {
-                w["next_fire"] = next;
-            }
-            workflows.push(w);
-        }
-        let up = self.started.elapsed().as_secs();
-        Ok(json!({
-            "pid": std::process::id(),
-            "uptime": format!("{}h{:02}m{:02}s", up / 3600, up / 60 % 60, up % 60),
-            "uptime_s": up,
-            "config_dir": self.config_dir,
-            "state_dir": self.state_dir,
-            "forced_dry_run": forced,
-            "in_flight": self.runner.in_flight(),
-            "waiting": self.runner.waiting(),
-            "workflows": workflows,
-            "webhook_listen": self.webhook_addr.lock().unwrap_or_else(|p| p.into_inner()).map(|a| a.to_string()),
-            "process_containment": crate::containment::describe(),
-        }))
+impl crate::service::Daemon for Shared {
+    fn config(&self) -> Arc<Config> {
+        Shared::config(self)
+    }
+
+    fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn webhook_listen(&self) -> Option<String> {
+        self.webhook_addr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|a| a.to_string())
+    }
+
+    fn enqueue(&self, queue: &str, payload: &Value) -> Result<String> {
+        Shared::enqueue(self, queue, payload)
     }
 }
 
@@ -157,14 +145,16 @@ pub fn run_blocking(opts: Options) -> Result<()> {
 
 /// The daemon; returns when stopped by a signal or by `shutdown`.
 pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
-    let config = crate::cli::load_config(&opts.config_dir)?;
+    let config = crate::service::load_config(&opts.config_dir)?;
     std::fs::create_dir_all(&opts.state_dir)
         .with_context(|| format!("cannot create state folder {}", opts.state_dir.display()))?;
     let state_dir = std::fs::canonicalize(&opts.state_dir).unwrap_or(opts.state_dir.clone());
     let (engine, recovery) = match governed::open(&state_dir) {
         Ok(v) => v,
-        Err(governed::EngineError::Store(StoreError::Locked(dir))) => {
-            return Err(anyhow!("another steward (a daemon or a command) is already using state folder {}; only one daemon may run per state folder", dir.display()))
+        Err(governed::EngineError::Store(e @ StoreError::Locked { .. })) => {
+            return Err(anyhow!(
+                "{e}: it is already taken, and only one daemon may run per state folder"
+            ))
         }
         Err(e) => return Err(e).context("cannot open the state folder"),
     };
@@ -193,9 +183,16 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     });
 
     let stop_socket = CancellationToken::new();
+    let service = Arc::new(crate::service::Service {
+        engine: shared.engine.clone(),
+        runner: shared.runner.clone(),
+        config_dir: shared.config_dir.clone(),
+        state_dir: shared.state_dir.clone(),
+        daemon: Some(shared.clone()),
+    });
     let socket_task = tokio::spawn(crate::control_socket::serve(
         listener,
-        shared.clone(),
+        service,
         stop_socket.clone(),
     ));
     let mut triggers = triggers::Triggers::start(shared.clone()).await?;

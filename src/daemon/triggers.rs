@@ -229,7 +229,7 @@ impl Triggers {
         let id = wf.id.clone();
         let handle = match &wf.trigger {
             Trigger::Schedule(_) => {
-                let sched = schedule::of(wf)?;
+                let sched = wf.schedule()?;
                 let store = shared.engine.store.clone();
                 let last = match store.last_slot(&id) {
                     Ok(v) => v,
@@ -447,7 +447,7 @@ impl Triggers {
         let marker_dir = drain::marker_dir(&config.vault());
         let mut run_all: Vec<(String, DateTime<Utc>)> = Vec::new();
         for wf in config.workflows.values() {
-            let Some(sched) = schedule::of(wf) else {
+            let Some(sched) = wf.schedule() else {
                 continue;
             };
             let last = match store.last_slot(&wf.id) {

@@ -26,7 +26,30 @@ use tokio::sync::mpsc;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ScheduleTrigger, Trigger, Workflow};
+/// A `schedule = { cron, timezone, catchup, catchup_window_s }` trigger as configured.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleTrigger {
+    pub cron: String,
+    #[serde(default)]
+    pub timezone: Option<String>,
+    #[serde(default)]
+    pub catchup: Option<String>,
+    #[serde(default)]
+    pub catchup_window_s: Option<u64>,
+}
+
+impl Schedule {
+    /// `{"local": …, "utc": …, "timezone": …}` for the next fire, for `list` and `status`.
+    pub fn next_fire_json(&self) -> Option<Value> {
+        let next = self.next_after(Utc::now())?;
+        Some(json!({
+            "local": self.local(next),
+            "utc": next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            "timezone": self.tz.name(),
+        }))
+    }
+}
 
 /// A parsed schedule: the cron pattern and the zone it is read in.
 #[derive(Debug, Clone)]
@@ -146,25 +169,6 @@ impl Schedule {
             .format("%Y-%m-%d %H:%M:%S %Z")
             .to_string()
     }
-}
-
-/// The schedule of a workflow, if it has one (its config was validated at load).
-pub fn of(wf: &Workflow) -> Option<Schedule> {
-    match &wf.trigger {
-        Trigger::Schedule(s) => Schedule::parse(s).ok(),
-        _ => None,
-    }
-}
-
-/// `{"local": …, "utc": …, "timezone": …}` for the next fire, for `list` and `status`.
-pub fn next_fire_json(wf: &Workflow) -> Option<Value> {
-    let s = of(wf)?;
-    let next = s.next_after(Utc::now())?;
-    Some(json!({
-        "local": s.local(next),
-        "utc": next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        "timezone": s.tz.name(),
-    }))
 }
 
 /// Called with each slot as it comes due.

@@ -1,0 +1,331 @@
+//! The control API: what the CLI may ask of steward and what it gets back.
+//!
+//! One [`Request`] and one [`Response`] enum, serialised as they are, one JSON object per
+//! line each way over the daemon's socket (`STATE/steward.sock`, see
+//! [`crate::control_socket`]), each wrapped with the protocol version. The CLI turns its
+//! arguments into a `Request`; whoever answers — the daemon, or the CLI itself when no
+//! daemon runs ([`crate::service`]) — never sees an argument list. A client and a daemon
+//! of different protocol versions refuse each other with a clear error.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::agency::{Case, Receipt, Turn};
+use crate::runner::{InFlight, Waiting};
+use crate::store::{DeadLetter, KeyRecord, RunRecord, RunState};
+
+/// Bumped whenever a request or response changes shape.
+pub const PROTOCOL: u32 = 1;
+
+/// Largest request line a daemon reads (payloads are small JSON).
+pub const MAX_REQUEST: u64 = 4 << 20;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    Enqueue {
+        queue: String,
+        payload: Value,
+    },
+    List,
+    Run {
+        workflow: String,
+        live: bool,
+        payload: Option<Value>,
+    },
+    Digest {
+        agent: String,
+        /// Write nothing, send nothing: show the digest.
+        preview: bool,
+    },
+    Drain {
+        dry_run: bool,
+    },
+    Runs {
+        workflow: Option<String>,
+        state: Option<RunState>,
+        limit: usize,
+    },
+    Show {
+        run: String,
+    },
+    DeadLetterList,
+    DeadLetterShow {
+        run: String,
+    },
+    DeadLetterRetry {
+        run: String,
+    },
+    DeadLetterPurge {
+        /// Empty with `all`: every entry.
+        runs: Vec<String>,
+        all: bool,
+    },
+    Review,
+    Approve {
+        run: String,
+    },
+    Reject {
+        run: String,
+        reason: Option<String>,
+    },
+    GoLive {
+        workflow: String,
+    },
+    DryRun {
+        workflow: String,
+    },
+    InDoubtList,
+    InDoubtResolve {
+        workflow: String,
+        key: String,
+        committed: bool,
+    },
+    CaseOpen {
+        agency: String,
+        case_id: String,
+        signal: Value,
+    },
+    CaseAdvance {
+        case_id: String,
+        driver: String,
+        member_result: Option<Receipt>,
+        run: bool,
+    },
+    CaseApprove {
+        case_id: String,
+        by: String,
+    },
+    CaseStatus {
+        case_id: String,
+    },
+    CaseVerify {
+        case_id: String,
+    },
+    CaseList,
+}
+
+/// A workflow as `list` and `status` show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowRow {
+    pub id: String,
+    pub trigger: String,
+    pub live: bool,
+    /// Live or dry-run, and why, for a person.
+    pub mode: String,
+    pub description: String,
+    pub file: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_fire: Option<Value>,
+}
+
+/// `steward status`: the running daemon's view of itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    pub pid: u32,
+    pub uptime: String,
+    pub uptime_s: u64,
+    pub config_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub forced_dry_run: bool,
+    pub in_flight: Vec<InFlight>,
+    pub waiting: Vec<Waiting>,
+    pub workflows: Vec<WorkflowRow>,
+    pub webhook_listen: Option<String>,
+    pub process_containment: String,
+}
+
+/// What `steward drain` did, line by line, and the worst run's exit code.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrainReport {
+    pub lines: Vec<String>,
+    pub exit_code: i32,
+}
+
+/// One case in `case list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaseRow {
+    pub case_id: String,
+    pub agency: Option<String>,
+    pub status: String,
+    pub turns: u64,
+    pub acts: u64,
+    pub spend_usd: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Response {
+    /// The request failed; `message` says what and what to do.
+    Error {
+        message: String,
+    },
+    Status(Box<Status>),
+    Enqueued {
+        queue: String,
+        item: String,
+    },
+    Workflows {
+        workflows: Vec<WorkflowRow>,
+    },
+    Run {
+        run: Box<RunRecord>,
+    },
+    Runs {
+        runs: Vec<RunRecord>,
+    },
+    Drained(DrainReport),
+    DeadLetters {
+        entries: Vec<DeadLetter>,
+    },
+    DeadLetter {
+        entry: Box<DeadLetter>,
+    },
+    Purged {
+        removed: usize,
+        missing: Vec<String>,
+    },
+    Rejected {
+        run_id: String,
+    },
+    WentLive {
+        workflow: String,
+        config_hash: String,
+        approved_by: String,
+        file: PathBuf,
+    },
+    WentDry {
+        workflow: String,
+        was_live: bool,
+    },
+    KeysInDoubt {
+        keys: Vec<KeyRecord>,
+    },
+    KeySettled {
+        workflow: String,
+        key: String,
+        committed: bool,
+    },
+    CaseOpened {
+        case: Box<Case>,
+        mandate: String,
+    },
+    Turn {
+        turn: Box<Turn>,
+    },
+    /// Another driver appended first: nothing was dispatched.
+    TurnConflict {
+        message: String,
+    },
+    CaseApproved {
+        case_id: String,
+        turn: u64,
+    },
+    Case {
+        case: Box<Case>,
+    },
+    CaseChain {
+        case_id: String,
+        events: usize,
+        broken: Option<String>,
+    },
+    Cases {
+        cases: Vec<CaseRow>,
+    },
+}
+
+impl Response {
+    pub fn error(e: impl std::fmt::Display) -> Response {
+        Response::Error {
+            message: e.to_string(),
+        }
+    }
+}
+
+/// One line on the wire: the message and the sender's protocol version.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Wire<T> {
+    pub protocol: u32,
+    #[serde(flatten)]
+    pub body: T,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RequestBody {
+    pub request: Request,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ResponseBody {
+    pub response: Response,
+}
+
+/// A message as one JSON line.
+pub fn encode<T: Serialize>(body: T) -> Vec<u8> {
+    let mut line = serde_json::to_vec(&Wire {
+        protocol: PROTOCOL,
+        body,
+    })
+    .unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+/// Why a line from the other side could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("the other side speaks control protocol {0}, this steward speaks {PROTOCOL}: use a steward client and daemon of the same version")]
+    Version(u32),
+    #[error("the other side speaks another control protocol than this steward ({PROTOCOL}): use a steward client and daemon of the same version ({0})")]
+    Unknown(String),
+    #[error("unreadable control message: {0}")]
+    Malformed(String),
+}
+
+/// Reads one line: its protocol version first, so a mismatch is named as such.
+pub fn decode<T: for<'de> Deserialize<'de>>(line: &str) -> Result<T, WireError> {
+    let value: Value =
+        serde_json::from_str(line).map_err(|e| WireError::Malformed(e.to_string()))?;
+    match value.get("protocol").and_then(Value::as_u64) {
+        Some(v) if v == u64::from(PROTOCOL) => {}
+        Some(v) => return Err(WireError::Version(v as u32)),
+        None => {
+            return Err(WireError::Unknown(
+                "no protocol version in the message".into(),
+            ))
+        }
+    }
+    let wire: Wire<T> =
+        serde_json::from_value(value).map_err(|e| WireError::Malformed(e.to_string()))?;
+    Ok(wire.body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_round_trips_and_another_version_is_named() {
+        let req = Request::Run {
+            workflow: "w".into(),
+            live: true,
+            payload: Some(serde_json::json!({"a": 1})),
+        };
+        let line = encode(RequestBody {
+            request: req.clone(),
+        });
+        let back: RequestBody = decode(std::str::from_utf8(&line).unwrap()).unwrap();
+        assert_eq!(back.request, req);
+        let other = r#"{"protocol": 9, "request": {"op": "status"}}"#;
+        let err = decode::<RequestBody>(other).unwrap_err().to_string();
+        assert!(err.contains("protocol 9"), "{err}");
+        let old = r#"{"argv": ["status"]}"#;
+        let err = decode::<RequestBody>(old).unwrap_err().to_string();
+        assert!(err.contains("another control protocol"), "{err}");
+    }
+}

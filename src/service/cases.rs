@@ -1,0 +1,123 @@
+//! Handlers about agency cases: `case open | advance | approve | status | verify | list`.
+
+use anyhow::anyhow;
+use serde_json::Value;
+
+use super::{Handled, Service};
+use crate::agency::{self, CaseError, Receipt};
+use crate::api::{CaseRow, Response};
+
+pub(super) fn open(service: &Service, agency_id: &str, case_id: &str, signal: Value) -> Handled {
+    let config = service.config()?;
+    let a = config.agencies.get(agency_id).ok_or_else(|| {
+        let known: Vec<&str> = config.agencies.keys().map(String::as_str).collect();
+        anyhow!(
+            "no agency `{agency_id}` in {} (agencies: {})",
+            config.root.join("agencies").display(),
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        )
+    })?;
+    let case = agency::open(&service.engine, a, case_id, signal)?;
+    Ok(Response::CaseOpened {
+        case: Box::new(case),
+        mandate: a.mandate.clone(),
+    })
+}
+
+pub(super) async fn advance(
+    service: &Service,
+    case_id: &str,
+    driver: &str,
+    member_result: Option<Receipt>,
+    run: bool,
+) -> Handled {
+    let config = service.config()?;
+    match agency::advance(
+        &service.runner,
+        &config,
+        case_id,
+        driver,
+        member_result,
+        run,
+    )
+    .await
+    {
+        Ok(turn) => Ok(Response::Turn {
+            turn: Box::new(turn),
+        }),
+        Err(e @ CaseError::Conflict { .. }) => Ok(Response::TurnConflict {
+            message: e.to_string(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(super) fn approve(service: &Service, case_id: &str, by: &str) -> Handled {
+    let case = agency::approve(&service.engine, case_id, by)?;
+    Ok(Response::CaseApproved {
+        case_id: case.case_id,
+        turn: case.turns,
+    })
+}
+
+pub(super) fn status(service: &Service, case_id: &str) -> Handled {
+    let (case, _) =
+        agency::load(&service.engine, case_id)?.ok_or_else(|| anyhow!("no case {case_id}"))?;
+    Ok(Response::Case {
+        case: Box::new(case),
+    })
+}
+
+pub(super) fn verify(service: &Service, case_id: &str) -> Handled {
+    let raw = service.engine.store.case_events(case_id)?;
+    if raw.is_empty() {
+        return Err(anyhow!("no case {case_id}"));
+    }
+    let events = raw.len();
+    let decoded: Result<Vec<agency::Event>, String> = raw
+        .into_iter()
+        .map(|(v, b)| {
+            serde_json::from_slice(&b).map_err(|e| format!("event {v}: unreadable ({e})"))
+        })
+        .collect();
+    Ok(Response::CaseChain {
+        case_id: case_id.to_string(),
+        events,
+        broken: decoded.and_then(|e| agency::verify_chain(&e)).err(),
+    })
+}
+
+pub(super) fn list(service: &Service) -> Handled {
+    let mut cases = Vec::new();
+    for id in service.engine.store.case_ids()? {
+        match agency::load(&service.engine, &id) {
+            Ok(Some((c, _))) => cases.push(CaseRow {
+                case_id: id,
+                agency: Some(c.agency.id.clone()),
+                status: serde_json::to_value(c.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                turns: c.turns,
+                acts: c.acts,
+                spend_usd: c.spend_usd,
+                error: None,
+            }),
+            Ok(None) => {}
+            Err(e) => cases.push(CaseRow {
+                case_id: id,
+                agency: None,
+                status: "unreadable".into(),
+                turns: 0,
+                acts: 0,
+                spend_usd: 0.0,
+                error: Some(e.to_string()),
+            }),
+        }
+    }
+    Ok(Response::Cases { cases })
+}

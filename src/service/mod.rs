@@ -1,0 +1,135 @@
+//! The service: one handler per [`Request`], the same in the daemon and in the CLI.
+//!
+//! The daemon's control socket hands each request it reads to [`Service::handle`]; with
+//! no daemon, the CLI builds a `Service` on its own store and calls the same method.
+//! Every run a handler asks for goes through the [`Runner`]. What only a running daemon
+//! can say (its uptime, its webhook address, its live config) comes through the
+//! [`Daemon`] trait, which the daemon implements: the service never imports the daemon.
+
+mod cases;
+mod runs;
+mod workflows;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::api::{Request, Response};
+use crate::config::{Config, ConfigError, Workflow};
+use crate::governed::Engine;
+use crate::runner::Runner;
+
+/// What the running daemon lends the service.
+pub trait Daemon: Send + Sync {
+    /// The config the daemon runs on now.
+    fn config(&self) -> Arc<Config>;
+    fn uptime(&self) -> Duration;
+    fn webhook_listen(&self) -> Option<String>;
+    /// Puts an item on a queue and wakes the queue's trigger.
+    fn enqueue(&self, queue: &str, payload: &Value) -> anyhow::Result<String>;
+}
+
+pub struct Service {
+    pub engine: Engine,
+    pub runner: Runner,
+    pub config_dir: PathBuf,
+    pub state_dir: PathBuf,
+    /// None in the CLI's own process.
+    pub daemon: Option<Arc<dyn Daemon>>,
+}
+
+/// A handler's result: the response, or an error for a person.
+type Handled = anyhow::Result<Response>;
+
+impl Service {
+    /// Answers one request.
+    pub async fn handle(&self, request: Request) -> Response {
+        match self.dispatch(request).await {
+            Ok(r) => r,
+            Err(e) => Response::error(format!("{e:#}")),
+        }
+    }
+
+    async fn dispatch(&self, request: Request) -> Handled {
+        use Request as R;
+        match request {
+            R::Status => workflows::status(self),
+            R::Enqueue { queue, payload } => workflows::enqueue(self, &queue, &payload),
+            R::List => workflows::list(self),
+            R::GoLive { workflow } => workflows::go_live(self, &workflow),
+            R::DryRun { workflow } => workflows::dry_run(self, &workflow),
+            R::InDoubtList => workflows::in_doubt(self),
+            R::InDoubtResolve {
+                workflow,
+                key,
+                committed,
+            } => workflows::settle(self, &workflow, &key, committed),
+            R::Run {
+                workflow,
+                live,
+                payload,
+            } => runs::run(self, &workflow, live, payload).await,
+            R::Digest { agent, preview } => runs::digest(self, &agent, preview).await,
+            R::Drain { dry_run } => runs::drain(self, dry_run).await,
+            R::Runs {
+                workflow,
+                state,
+                limit,
+            } => runs::list(self, workflow, state, limit),
+            R::Show { run } => runs::show(self, &run),
+            R::DeadLetterList => runs::dead_letters(self),
+            R::DeadLetterShow { run } => runs::dead_letter(self, &run),
+            R::DeadLetterRetry { run } => runs::retry(self, &run).await,
+            R::DeadLetterPurge { runs, all } => runs::purge(self, runs, all),
+            R::Review => runs::review(self),
+            R::Approve { run } => runs::approve(self, &run).await,
+            R::Reject { run, reason } => runs::reject(self, &run, reason.as_deref()),
+            R::CaseOpen {
+                agency,
+                case_id,
+                signal,
+            } => cases::open(self, &agency, &case_id, signal),
+            R::CaseAdvance {
+                case_id,
+                driver,
+                member_result,
+                run,
+            } => cases::advance(self, &case_id, &driver, member_result, run).await,
+            R::CaseApprove { case_id, by } => cases::approve(self, &case_id, &by),
+            R::CaseStatus { case_id } => cases::status(self, &case_id),
+            R::CaseVerify { case_id } => cases::verify(self, &case_id),
+            R::CaseList => cases::list(self),
+        }
+    }
+
+    /// The config requests are answered against: the daemon's, or the folder's now.
+    pub fn config(&self) -> anyhow::Result<Arc<Config>> {
+        match &self.daemon {
+            Some(d) => Ok(d.config()),
+            None => Ok(Arc::new(load_config(&self.config_dir)?)),
+        }
+    }
+
+    fn workflow(&self, config: &Config, id: &str) -> anyhow::Result<Arc<Workflow>> {
+        Ok(Arc::new(
+            config.workflow(id).map_err(anyhow::Error::msg)?.clone(),
+        ))
+    }
+}
+
+/// Loads a config folder; every error is listed, with the hint to run `validate`.
+pub fn load_config(dir: &std::path::Path) -> anyhow::Result<Config> {
+    crate::config::load_dir(dir).map_err(|errors| config_errors(dir, &errors))
+}
+
+fn config_errors(dir: &std::path::Path, errors: &[ConfigError]) -> anyhow::Error {
+    let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    anyhow::anyhow!(
+        "the config in {} has {} error(s); fix them (see `steward validate`):\n{}",
+        dir.display(),
+        errors.len(),
+        list.join("\n")
+    )
+}

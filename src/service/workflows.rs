@@ -1,0 +1,117 @@
+//! Handlers about workflows and the daemon: `status`, `enqueue`, `list`, `go-live`,
+//! `dry-run`, `in-doubt`.
+
+use anyhow::{anyhow, bail};
+use serde_json::Value;
+
+use super::{Handled, Service};
+use crate::api::{Response, Status, WorkflowRow};
+use crate::config::Config;
+use crate::live::{self, Ask, Mode};
+
+/// Every workflow with whether it runs live and why, as the runner would decide now.
+fn rows(service: &Service, config: &Config) -> anyhow::Result<Vec<WorkflowRow>> {
+    let forced = service.runner.forced_dry_run();
+    let mut rows = Vec::new();
+    for wf in config.workflows.values() {
+        let status = service.engine.live_status(wf)?;
+        let mode = live::decide(&status, forced, Ask::Auto, &wf.id)?;
+        let why = match mode {
+            Mode::Dry(live::DryReason::ForcedDryRun) => {
+                "dry-run (forced for every workflow by SIGUSR1; SIGUSR2 lifts it)".to_string()
+            }
+            _ => status.describe(&wf.id),
+        };
+        rows.push(WorkflowRow {
+            id: wf.id.clone(),
+            trigger: wf.trigger.kind().to_string(),
+            live: mode.is_live(),
+            mode: why,
+            description: wf.description.clone(),
+            file: wf.file.clone(),
+            next_fire: wf.next_fire_json(),
+        });
+    }
+    Ok(rows)
+}
+
+pub(super) fn status(service: &Service) -> Handled {
+    let Some(daemon) = &service.daemon else {
+        bail!(
+            "no steward daemon is running on state folder {} (start one with `steward daemon`)",
+            service.state_dir.display()
+        );
+    };
+    let config = daemon.config();
+    let up = daemon.uptime().as_secs();
+    Ok(Response::Status(Box::new(Status {
+        pid: std::process::id(),
+        uptime: format!("{}h{:02}m{:02}s", up / 3600, up / 60 % 60, up % 60),
+        uptime_s: up,
+        config_dir: service.config_dir.clone(),
+        state_dir: service.state_dir.clone(),
+        forced_dry_run: service.runner.forced_dry_run(),
+        in_flight: service.runner.in_flight(),
+        waiting: service.runner.waiting(),
+        workflows: rows(service, &config)?,
+        webhook_listen: daemon.webhook_listen(),
+        process_containment: crate::containment::describe(),
+    })))
+}
+
+pub(super) fn enqueue(service: &Service, queue: &str, payload: &Value) -> Handled {
+    let item = match &service.daemon {
+        Some(d) => d.enqueue(queue, payload)?,
+        None => crate::trigger::queue::write_item(&service.state_dir, queue, payload)?,
+    };
+    Ok(Response::Enqueued {
+        queue: queue.to_string(),
+        item,
+    })
+}
+
+pub(super) fn list(service: &Service) -> Handled {
+    let config = service.config()?;
+    Ok(Response::Workflows {
+        workflows: rows(service, &config)?,
+    })
+}
+
+pub(super) fn go_live(service: &Service, workflow: &str) -> Handled {
+    let config = service.config()?;
+    let wf = service.workflow(&config, workflow)?;
+    let a = service.engine.go_live(&wf)?;
+    Ok(Response::WentLive {
+        workflow: wf.id.clone(),
+        config_hash: a.config_hash,
+        approved_by: a.approved_by,
+        file: wf.file.clone(),
+    })
+}
+
+pub(super) fn dry_run(service: &Service, workflow: &str) -> Handled {
+    let config = service.config()?;
+    let wf = service.workflow(&config, workflow)?;
+    Ok(Response::WentDry {
+        workflow: wf.id.clone(),
+        was_live: service.engine.dry_run(&wf)?,
+    })
+}
+
+pub(super) fn in_doubt(service: &Service) -> Handled {
+    Ok(Response::KeysInDoubt {
+        keys: service.engine.store.keys_in_doubt()?,
+    })
+}
+
+pub(super) fn settle(service: &Service, workflow: &str, key: &str, committed: bool) -> Handled {
+    service
+        .engine
+        .settle_key(workflow, key, committed)
+        .map_err(|e| anyhow!(e))?;
+    Ok(Response::KeySettled {
+        workflow: workflow.to_string(),
+        key: key.to_string(),
+        committed,
+    })
+}
