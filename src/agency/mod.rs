@@ -10,8 +10,6 @@
 //! its own governed run, with budget caps no wider than what the case has left; its run
 //! id is the receipt, and a case resolves only with receipts.
 
-pub mod config;
-
 use std::path::Path;
 use std::time::Duration;
 
@@ -20,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+pub use crate::config::agency::Agency;
 use crate::config::Config;
 use crate::governed::{Engine, Fire};
 use crate::live::Ask;
@@ -27,7 +26,6 @@ use crate::redact::Redactor;
 use crate::runlog::Entry;
 use crate::runner::{Job, RunError, Runner};
 use crate::store::RunState;
-pub use config::Agency;
 
 pub const SCHEMA: &str = "runx.agency.turn.v1";
 /// Float sums of cents drift; this close to a cap is at it.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::config::{Source, SourceKind};
+use crate::config::agent::{Source, SourceKind};
 
 /// Largest document read from any source.
 pub const MAX_FEED_BYTES: usize = 5 << 20;

@@ -13,7 +13,6 @@
 //! it ended. Each step reports itself on fd 3 (`step NAME STATUS DETAIL`), so every
 //! lifecycle step is its own runlog record, skipped ones included.
 
-pub mod config;
 pub mod digest;
 pub mod email;
 pub mod feed;
@@ -25,9 +24,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::config::agent::Agent;
 use crate::config::Config;
 use crate::store::RunRecord;
-use config::Agent;
 use digest::{Failure, SourceStatus};
 use feed::Item;
 use seen::{Novelty, Seen};

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{read_toml, ConfigError, ScheduleTrigger, Workflow};
+use super::file::{read_toml, toml_files, valid_id, ConfigError};
+use super::workflow::{ScheduleTrigger, Workflow};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,7 +75,7 @@ pub fn load(
     errors: &mut Vec<ConfigError>,
 ) -> BTreeMap<String, Agency> {
     let mut out = BTreeMap::new();
-    let files = match crate::config::toml_files(&root.join("agencies")) {
+    let files = match toml_files(&root.join("agencies")) {
         Ok(files) => files,
         Err(e) => {
             errors.push(ConfigError {
@@ -96,7 +97,7 @@ pub fn load(
         };
         a.file = file.clone();
         let mut problems = Vec::new();
-        if !crate::config::valid_id(&a.id) {
+        if !valid_id(&a.id) {
             problems.push(format!(
                 "id `{}` is not allowed: use 1-64 of a-z, 0-9, `-`, `_`",
                 a.id

@@ -3,8 +3,7 @@
 //! Loading is strict on purpose: an unknown key is an error (a typo must not silently
 //! disable a guard), a workflow without `[verify]` is rejected, every budget cap is a
 //! concrete non-negative number, and the idempotency key template must compile. Every
-//! error names the file, line and column and what was expected, and [`load_dir`] reports
-//! all errors of a folder, not just the first.
+//! error names the file, line and column and what was expected.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,29 +21,7 @@ use crate::template;
 use crate::trigger::schedule::Schedule;
 pub use crate::trigger::schedule::ScheduleTrigger;
 
-/// One problem in one config file, located as precisely as the parser allows.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConfigError {
-    pub file: PathBuf,
-    pub line: usize,
-    pub column: usize,
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}:{}:{}: {}",
-            self.file.display(),
-            self.line,
-            self.column,
-            self.message
-        )
-    }
-}
-
-impl std::error::Error for ConfigError {}
+use super::file::{line_col, parse_toml, read_bytes, valid_id, ConfigError};
 
 /// What a fire does while the workflow's previous run is still active (Temporal's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
@@ -318,7 +295,6 @@ pub struct Workflow {
     pub agent: Option<String>,
 }
 
-/// Default seconds a commit may take before it is killed (its key is then in doubt).
 impl Workflow {
     /// The workflow's schedule, if it has one (its config was validated at load).
     pub fn schedule(&self) -> Option<Schedule> {
@@ -334,225 +310,10 @@ impl Workflow {
     }
 }
 
+/// Default seconds a commit may take before it is killed (its key is then in doubt).
 pub const DEFAULT_COMMIT_TIMEOUT_S: f64 = 300.0;
 /// Default seconds between SIGTERM and SIGKILL when a step is stopped.
 pub const DEFAULT_KILL_GRACE_S: f64 = 2.0;
-
-/// `config/steward.toml`: settings for the whole daemon (optional file).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Settings {
-    /// The notes vault (digests, inbox, queue markers); relative paths resolve against the
-    /// folder holding `config/`. Default: `vault/` beside `config/`.
-    #[serde(default)]
-    pub vault: Option<String>,
-    /// Where webhooks listen (default 127.0.0.1:8787).
-    #[serde(default)]
-    pub webhook_listen: Option<String>,
-    /// Seconds between catch-up runs at start-up, so a restart does not start every job at once.
-    #[serde(default)]
-    pub catchup_stagger_s: Option<f64>,
-    /// How digests are mailed.
-    #[serde(default)]
-    pub smtp: Option<Smtp>,
-    /// How many finished run records the store keeps.
-    #[serde(default)]
-    pub retention: Option<RetentionSettings>,
-}
-
-/// `[retention]` in steward.toml: run records beyond either limit are pruned, oldest
-/// first (dead letters keep their own copy; runs awaiting review are kept).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RetentionSettings {
-    /// Newest run records kept (default 10,000).
-    #[serde(default)]
-    pub runs: Option<usize>,
-    /// Days a run record is kept (default 30).
-    #[serde(default)]
-    pub days: Option<u32>,
-}
-
-impl Settings {
-    /// The store's retention: the `[retention]` table over the defaults.
-    pub fn retention(&self) -> crate::store::Retention {
-        let default = crate::store::Retention::default();
-        let r = self.retention.clone().unwrap_or_default();
-        crate::store::Retention {
-            runs: r.runs.unwrap_or(default.runs),
-            days: r.days.unwrap_or(default.days),
-        }
-    }
-
-    /// steward.toml in `root`, or the defaults when it is missing or does not parse
-    /// (commands that only read the store should not fail on it; `validate` reports it).
-    pub fn load_lenient(root: &Path) -> Settings {
-        read_toml::<Settings>(&root.join("steward.toml"))
-            .map(|(s, _)| s)
-            .unwrap_or_default()
-    }
-}
-
-/// `[smtp]` in steward.toml. Credentials are env var names, never values.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Smtp {
-    pub host: String,
-    #[serde(default)]
-    pub port: Option<u16>,
-    #[serde(default)]
-    pub security: SmtpSecurity,
-    pub from: String,
-    #[serde(default)]
-    pub username_env: Option<String>,
-    #[serde(default)]
-    pub password_env: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SmtpSecurity {
-    /// STARTTLS on port 587 (the default).
-    #[default]
-    Starttls,
-    /// Implicit TLS on port 465.
-    Tls,
-    /// No TLS: allowed only for a loopback host (tests, a local relay).
-    Plain,
-}
-
-/// Every workflow of a config folder, and the daemon settings.
-#[derive(Debug, Clone, Default)]
-pub struct Config {
-    pub root: PathBuf,
-    pub settings: Settings,
-    pub workflows: BTreeMap<String, Workflow>,
-    /// Digest agents by name; each also has a workflow of the same id.
-    pub agents: BTreeMap<String, crate::agent::config::Agent>,
-    /// The source registry (`sources.toml`).
-    pub sources: Vec<crate::agent::config::Source>,
-    /// Agencies by id.
-    pub agencies: BTreeMap<String, crate::agency::Agency>,
-}
-
-impl Config {
-    /// The folder holding the config folder: where relative vault and watch paths start.
-    pub fn base(&self) -> PathBuf {
-        self.root
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| self.root.clone())
-    }
-
-    pub fn vault(&self) -> PathBuf {
-        match &self.settings.vault {
-            Some(v) => self.base().join(v),
-            None => self.base().join("vault"),
-        }
-    }
-
-    pub fn workflow(&self, id: &str) -> Result<&Workflow, String> {
-        self.workflows.get(id).ok_or_else(|| {
-            let known: Vec<&str> = self.workflows.keys().map(String::as_str).collect();
-            format!(
-                "no workflow named `{id}` in {} (known: {})",
-                self.root.join("workflows").display(),
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            )
-        })
-    }
-}
-
-/// Loads every `*.toml` under `DIR/workflows/`, collecting all errors.
-pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
-    // Steps run with the config folder as their working folder: resolve it once, absolutely.
-    let root = &std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
-    let dir = root.join("workflows");
-    let mut errors = Vec::new();
-    let mut config = Config {
-        root: root.to_path_buf(),
-        settings: Settings::default(),
-        workflows: BTreeMap::new(),
-        agents: BTreeMap::new(),
-        sources: Vec::new(),
-        agencies: BTreeMap::new(),
-    };
-    let settings_file = root.join("steward.toml");
-    if settings_file.exists() {
-        match read_toml::<Settings>(&settings_file) {
-            Ok((s, _)) => config.settings = s,
-            Err(e) => errors.push(e),
-        }
-    }
-    if !root.is_dir() {
-        return Err(vec![whole_file_error(
-            root,
-            "config folder not found (pass --config DIR or create it)",
-        )]);
-    }
-    let files = match toml_files(&dir) {
-        Ok(files) => files,
-        Err(e) => return Err(vec![whole_file_error(&dir, &format!("cannot read: {e}"))]),
-    };
-    let mut origin: BTreeMap<String, PathBuf> = BTreeMap::new();
-    let mut queues: BTreeMap<String, String> = BTreeMap::new();
-    for file in files {
-        match load_file(root, &file) {
-            Ok(wf) => {
-                if let Some(first) = origin.get(&wf.id) {
-                    errors.push(whole_file_error(
-                        &file,
-                        &format!(
-                            "duplicate workflow id `{}` (also in {})",
-                            wf.id,
-                            first.display()
-                        ),
-                    ));
-                    continue;
-                }
-                if let Trigger::Queue { queue } = &wf.trigger {
-                    if let Some(other) = queues.insert(queue.clone(), wf.id.clone()) {
-                        errors.push(whole_file_error(
-                            &file,
-                            &format!("queue `{queue}` is already consumed by workflow `{other}`: one workflow per queue"),
-                        ));
-                        continue;
-                    }
-                }
-                origin.insert(wf.id.clone(), file.clone());
-                config.workflows.insert(wf.id.clone(), wf);
-            }
-            Err(mut errs) => errors.append(&mut errs),
-        }
-    }
-    let (agents, sources, agent_workflows) = crate::agent::config::load(root, &mut errors);
-    for wf in agent_workflows {
-        if let Some(other) = origin.get(&wf.id) {
-            errors.push(whole_file_error(
-                &wf.file,
-                &format!(
-                    "agent `{}` has the id of the workflow in {}: names must be unique",
-                    wf.id,
-                    other.display()
-                ),
-            ));
-            continue;
-        }
-        config.workflows.insert(wf.id.clone(), wf);
-    }
-    config.agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
-    config.sources = sources;
-    config.agencies = crate::agency::config::load(root, &config.workflows, &mut errors);
-    if errors.is_empty() {
-        Ok(config)
-    } else {
-        Err(errors)
-    }
-}
 
 /// Loads and validates one workflow file. `root` is the config folder that relative
 /// command paths and `cwd` resolve against.
@@ -578,60 +339,6 @@ pub fn parse_workflow(
         Some(wf) if v.errors.is_empty() => Ok(wf),
         _ => Err(v.errors),
     }
-}
-
-/// The `*.toml` files of a folder, sorted; none if the folder does not exist.
-pub fn toml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(entries) => entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e),
-    };
-    files.sort();
-    Ok(files)
-}
-
-/// Reads and parses one TOML file; returns the value, its text and its bytes.
-pub fn read_toml<T: serde::de::DeserializeOwned>(
-    file: &Path,
-) -> Result<(T, (String, Vec<u8>)), ConfigError> {
-    parse_toml(file, read_bytes(file)?)
-}
-
-fn read_bytes(file: &Path) -> Result<Vec<u8>, ConfigError> {
-    std::fs::read(file).map_err(|e| whole_file_error(file, &format!("cannot read: {e}")))
-}
-
-/// Parses TOML bytes; `file` only names them in errors.
-pub fn parse_toml<T: serde::de::DeserializeOwned>(
-    file: &Path,
-    bytes: Vec<u8>,
-) -> Result<(T, (String, Vec<u8>)), ConfigError> {
-    let text =
-        String::from_utf8(bytes.clone()).map_err(|_| whole_file_error(file, "not valid UTF-8"))?;
-    let value = toml::from_str(&text).map_err(|e| {
-        let (line, column) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
-        ConfigError {
-            file: file.to_path_buf(),
-            line,
-            column,
-            message: e.message().trim().to_string(),
-        }
-    })?;
-    Ok((value, (text, bytes)))
-}
-
-/// Whether `name` is safe to use as a workflow id and in a path.
-pub fn valid_id(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        && name.as_bytes()[0].is_ascii_alphanumeric()
 }
 
 struct Validator<'a> {
@@ -968,41 +675,9 @@ fn is_executable(m: &std::fs::Metadata) -> bool {
     m.permissions().mode() & 0o111 != 0
 }
 
-fn whole_file_error(file: &Path, message: &str) -> ConfigError {
-    ConfigError {
-        file: file.to_path_buf(),
-        line: 1,
-        column: 1,
-        message: message.to_string(),
-    }
-}
-
-/// 1-based line and column of a byte offset.
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let offset = offset.min(text.len());
-    let before = &text.as_bytes()[..offset];
-    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let line_start = before
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(0, |p| p + 1);
-    let column = String::from_utf8_lossy(&before[line_start..])
-        .chars()
-        .count()
-        + 1;
-    (line, column)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn line_col_counts_from_one() {
-        assert_eq!(line_col("a\nbc\n", 0), (1, 1));
-        assert_eq!(line_col("a\nbc\n", 3), (2, 2));
-        assert_eq!(line_col("a\nbc\n", 99), (3, 1));
-    }
 
     #[test]
     fn exponential_backoff_doubles_and_caps() {
@@ -1015,13 +690,5 @@ mod tests {
         assert_eq!(r.delay_before(2), Duration::from_secs(1));
         assert_eq!(r.delay_before(3), Duration::from_secs(2));
         assert_eq!(r.delay_before(4), Duration::from_secs(3));
-    }
-
-    #[test]
-    fn ids_are_path_safe() {
-        assert!(valid_id("invoice-intake_2"));
-        for bad in ["", "../x", "a/b", "A", "-x", "a\0b", "/abs"] {
-            assert!(!valid_id(bad), "{bad:?}");
-        }
     }
 }

@@ -13,10 +13,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::file::{read_toml, toml_files, valid_id, ConfigError};
+use super::workflow::{Overlap, Retry, ScheduleTrigger, StepCommand, Trigger, Workflow};
 use crate::budget::Caps;
-use crate::config::{
-    read_toml, ConfigError, Retry, ScheduleTrigger, StepCommand, Trigger, Workflow,
-};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -239,7 +238,7 @@ pub fn load(
     let mut agents = Vec::new();
     let mut workflows = Vec::new();
     let dir = root.join("agents");
-    let files = match crate::config::toml_files(&dir) {
+    let files = match toml_files(&dir) {
         Ok(files) => files,
         Err(e) => {
             errors.push(ConfigError {
@@ -259,7 +258,7 @@ pub fn load(
                 continue;
             }
         };
-        if !crate::config::valid_id(&raw.agent_name) {
+        if !valid_id(&raw.agent_name) {
             errors.push(whole(
                 &file,
                 &format!(
@@ -334,7 +333,7 @@ pub fn load(
 }
 
 fn source_problem(s: &Source) -> Option<String> {
-    if !crate::config::valid_id(&s.name) {
+    if !valid_id(&s.name) {
         return Some("name must be 1-64 of a-z, 0-9, `-`, `_`".into());
     }
     let given = [s.url.is_some(), s.path.is_some(), s.command.is_some()]
@@ -397,7 +396,7 @@ fn workflow_for(
         ),
         dry_run,
         idempotency_key: None,
-        overlap: crate::config::Overlap::Skip,
+        overlap: Overlap::Skip,
         trigger,
         caps: Caps {
             // Claim commands may charge; fetching and writing cost nothing.

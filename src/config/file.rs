@@ -1,0 +1,128 @@
+//! Reading config files: TOML with errors that name the file, line and column, and the
+//! rule for ids that are safe in a path.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// One problem in one config file, located as precisely as the parser allows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file.display(),
+            self.line,
+            self.column,
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The `*.toml` files of a folder, sorted; none if the folder does not exist.
+pub fn toml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    files.sort();
+    Ok(files)
+}
+
+/// Reads and parses one TOML file; returns the value, its text and its bytes.
+pub fn read_toml<T: serde::de::DeserializeOwned>(
+    file: &Path,
+) -> Result<(T, (String, Vec<u8>)), ConfigError> {
+    parse_toml(file, read_bytes(file)?)
+}
+
+pub(super) fn read_bytes(file: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(file).map_err(|e| whole_file_error(file, &format!("cannot read: {e}")))
+}
+
+/// Parses TOML bytes; `file` only names them in errors.
+pub fn parse_toml<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    bytes: Vec<u8>,
+) -> Result<(T, (String, Vec<u8>)), ConfigError> {
+    let text =
+        String::from_utf8(bytes.clone()).map_err(|_| whole_file_error(file, "not valid UTF-8"))?;
+    let value = toml::from_str(&text).map_err(|e| {
+        let (line, column) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
+        ConfigError {
+            file: file.to_path_buf(),
+            line,
+            column,
+            message: e.message().trim().to_string(),
+        }
+    })?;
+    Ok((value, (text, bytes)))
+}
+
+/// Whether `name` is safe to use as a workflow id and in a path.
+pub fn valid_id(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+pub(super) fn whole_file_error(file: &Path, message: &str) -> ConfigError {
+    ConfigError {
+        file: file.to_path_buf(),
+        line: 1,
+        column: 1,
+        message: message.to_string(),
+    }
+}
+
+/// 1-based line and column of a byte offset.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text.as_bytes()[..offset];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |p| p + 1);
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_col_counts_from_one() {
+        assert_eq!(line_col("a\nbc\n", 0), (1, 1));
+        assert_eq!(line_col("a\nbc\n", 3), (2, 2));
+        assert_eq!(line_col("a\nbc\n", 99), (3, 1));
+    }
+
+    #[test]
+    fn ids_are_path_safe() {
+        assert!(valid_id("invoice-intake_2"));
+        for bad in ["", "../x", "a/b", "A", "-x", "a\0b", "/abs"] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! The config folder: workflows (`workflows/*.toml`), digest agents (`agents/*.toml` over
+//! `sources.toml`), agencies (`agencies/*.toml`) and the daemon's `steward.toml`.
+//!
+//! [`load_dir`] reads all of it and reports every error of the folder, not just the
+//! first, each naming file, line and column and what was expected.
+
+pub mod agency;
+pub mod agent;
+pub mod file;
+pub mod settings;
+pub mod workflow;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use file::whole_file_error;
+pub use file::{line_col, parse_toml, read_toml, toml_files, valid_id, ConfigError};
+pub use settings::{RetentionSettings, Settings, Smtp, SmtpSecurity};
+pub use workflow::{
+    load_file, parse_workflow, Backoff, EnvValue, FileTrigger, Overlap, Retry, ScheduleTrigger,
+    StepCommand, Trigger, WebhookTrigger, Workflow, DEFAULT_COMMIT_TIMEOUT_S, DEFAULT_KILL_GRACE_S,
+};
+
+/// Every workflow of a config folder, and the daemon settings.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    pub root: PathBuf,
+    pub settings: Settings,
+    pub workflows: BTreeMap<String, Workflow>,
+    /// Digest agents by name; each also has a workflow of the same id.
+    pub agents: BTreeMap<String, agent::Agent>,
+    /// The source registry (`sources.toml`).
+    pub sources: Vec<agent::Source>,
+    /// Agencies by id.
+    pub agencies: BTreeMap<String, agency::Agency>,
+}
+
+impl Config {
+    /// The folder holding the config folder: where relative vault and watch paths start.
+    pub fn base(&self) -> PathBuf {
+        self.root
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| self.root.clone())
+    }
+
+    pub fn vault(&self) -> PathBuf {
+        match &self.settings.vault {
+            Some(v) => self.base().join(v),
+            None => self.base().join("vault"),
+        }
+    }
+
+    pub fn workflow(&self, id: &str) -> Result<&Workflow, String> {
+        self.workflows.get(id).ok_or_else(|| {
+            let known: Vec<&str> = self.workflows.keys().map(String::as_str).collect();
+            format!(
+                "no workflow named `{id}` in {} (known: {})",
+                self.root.join("workflows").display(),
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )
+        })
+    }
+}
+
+/// Loads every `*.toml` under `DIR/workflows/`, collecting all errors.
+pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
+    // Steps run with the config folder as their working folder: resolve it once, absolutely.
+    let root = &std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    let dir = root.join("workflows");
+    let mut errors = Vec::new();
+    let mut config = Config {
+        root: root.to_path_buf(),
+        settings: Settings::default(),
+        workflows: BTreeMap::new(),
+        agents: BTreeMap::new(),
+        sources: Vec::new(),
+        agencies: BTreeMap::new(),
+    };
+    let settings_file = root.join("steward.toml");
+    if settings_file.exists() {
+        match read_toml::<Settings>(&settings_file) {
+            Ok((s, _)) => config.settings = s,
+            Err(e) => errors.push(e),
+        }
+    }
+    if !root.is_dir() {
+        return Err(vec![whole_file_error(
+            root,
+            "config folder not found (pass --config DIR or create it)",
+        )]);
+    }
+    let files = match toml_files(&dir) {
+        Ok(files) => files,
+        Err(e) => return Err(vec![whole_file_error(&dir, &format!("cannot read: {e}"))]),
+    };
+    let mut origin: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut queues: BTreeMap<String, String> = BTreeMap::new();
+    for file in files {
+        match load_file(root, &file) {
+            Ok(wf) => {
+                if let Some(first) = origin.get(&wf.id) {
+                    errors.push(whole_file_error(
+                        &file,
+                        &format!(
+                            "duplicate workflow id `{}` (also in {})",
+                            wf.id,
+                            first.display()
+                        ),
+                    ));
+                    continue;
+                }
+                if let Trigger::Queue { queue } = &wf.trigger {
+                    if let Some(other) = queues.insert(queue.clone(), wf.id.clone()) {
+                        errors.push(whole_file_error(
+                            &file,
+                            &format!("queue `{queue}` is already consumed by workflow `{other}`: one workflow per queue"),
+                        ));
+                        continue;
+                    }
+                }
+                origin.insert(wf.id.clone(), file.clone());
+                config.workflows.insert(wf.id.clone(), wf);
+            }
+            Err(mut errs) => errors.append(&mut errs),
+        }
+    }
+    let (agents, sources, agent_workflows) = agent::load(root, &mut errors);
+    for wf in agent_workflows {
+        if let Some(other) = origin.get(&wf.id) {
+            errors.push(whole_file_error(
+                &wf.file,
+                &format!(
+                    "agent `{}` has the id of the workflow in {}: names must be unique",
+                    wf.id,
+                    other.display()
+                ),
+            ));
+            continue;
+        }
+        config.workflows.insert(wf.id.clone(), wf);
+    }
+    config.agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
+    config.sources = sources;
+    config.agencies = agency::load(root, &config.workflows, &mut errors);
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
