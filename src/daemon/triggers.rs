@@ -472,11 +472,7 @@ impl Triggers {
             for slot in missed.iter().rev().take(MAX_MISSED_RECORDS) {
                 let fire = Fire::new("schedule", Some(*slot), json!({ "missed": true }));
                 let reason = format!("missed: steward was not running at {}", sched.local(*slot));
-                if let Err(e) = self
-                    .shared
-                    .engine
-                    .record_state(wf, fire, RunState::Missed, reason)
-                {
+                if let Err(e) = self.shared.engine.record_missed(wf, fire, reason) {
                     tracing::error!(workflow = %wf.id, "cannot record a missed fire: {e}");
                 }
             }

@@ -33,21 +33,10 @@ pub(super) async fn run(
 
 pub(super) async fn digest(service: &Service, agent: &str, preview: bool) -> Handled {
     let config = service.config()?;
-    if !config.agents.contains_key(agent) {
-        if config.workflows.contains_key(agent) {
-            bail!("`{agent}` is a workflow, not a digest agent: use `steward run {agent}`");
-        }
-        let known: Vec<&str> = config.agents.keys().map(String::as_str).collect();
-        bail!(
-            "no digest agent named `{agent}` (agents: {})",
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        );
-    }
     let wf = service.workflow(&config, agent)?;
+    if wf.agent.is_none() {
+        bail!("`{agent}` is a workflow, not a digest agent: use `steward run {agent}`");
+    }
     let fire = Fire::manual(preview.then(|| json!({ "preview": true })));
     let ask = if preview { Ask::Dry } else { Ask::Auto };
     run_response(service.runner.run(Job::fire(wf, fire, ask)).await?)

@@ -1,0 +1,105 @@
+//! What a workflow's steps get besides the context: the environment (steward's
+//! allowlist, the workflow's `[env]`, the `STEWARD_*` variables) and the redactor that
+//! masks its secrets in everything steward writes.
+
+use std::path::Path;
+
+use crate::config::{EnvValue, Workflow};
+use crate::redact::Redactor;
+use crate::step::StepOutcome;
+use crate::store::RunRecord;
+
+/// What a workflow's steps get besides the context: env and the redactor for its secrets.
+pub(super) struct StepEnv {
+    pub(super) vars: Vec<(String, String)>,
+    pub(super) redactor: Redactor,
+}
+
+impl StepEnv {
+    /// No variables and nothing to mask: for records of fires that ran nothing.
+    pub(super) fn none() -> StepEnv {
+        StepEnv {
+            vars: Vec::new(),
+            redactor: Redactor::default(),
+        }
+    }
+}
+
+/// Resolves the workflow's `[env]`; on failure returns why, with whatever redactor it has.
+pub(super) fn step_env(wf: &Workflow) -> std::result::Result<StepEnv, (String, Redactor)> {
+    let mut vars = crate::step::base_env();
+    let mut secrets = Vec::new();
+    let mut missing = Vec::new();
+    for (name, value) in &wf.env {
+        let v = match value {
+            EnvValue::Literal { value, .. } => value.clone(),
+            EnvValue::FromEnv { var, .. } => {
+                match crate::secret::require(var, &format!("env.{name} needs ${var}, which")) {
+                    Ok(v) => v,
+                    Err(why) => {
+                        missing.push(why);
+                        continue;
+                    }
+                }
+            }
+        };
+        if value.is_secret() {
+            secrets.push((name.clone(), v.clone()));
+        }
+        vars.retain(|(k, _)| k != name);
+        vars.push((name.clone(), v));
+    }
+    let redactor = Redactor::new(secrets);
+    if !missing.is_empty() {
+        return Err((missing.join("; "), redactor));
+    }
+    Ok(StepEnv { vars, redactor })
+}
+
+/// The full child environment for one attempt.
+pub(super) fn step_vars(
+    wf: &Workflow,
+    rec: &RunRecord,
+    env: &StepEnv,
+    state_dir: &Path,
+) -> Vec<(String, String)> {
+    let mut vars = env.vars.clone();
+    vars.extend([
+        ("STEWARD_RUN_ID".to_string(), rec.run_id.clone()),
+        ("STEWARD_WORKFLOW".to_string(), wf.id.clone()),
+        (
+            "STEWARD_DRY_RUN".to_string(),
+            if rec.dry_run { "1" } else { "0" }.to_string(),
+        ),
+        ("STEWARD_ATTEMPT".to_string(), rec.attempt.to_string()),
+        ("STEWARD_CONTROL_FD".to_string(), "3".to_string()),
+        // The file sits in CONFIG/workflows/ or CONFIG/agents/.
+        (
+            "STEWARD_CONFIG_DIR".to_string(),
+            wf.file
+                .parent()
+                .and_then(Path::parent)
+                .unwrap_or(&wf.cwd)
+                .to_string_lossy()
+                .into_owned(),
+        ),
+        (
+            "STEWARD_STATE_DIR".to_string(),
+            state_dir.to_string_lossy().into_owned(),
+        ),
+    ]);
+    vars.extend(wf.caps.env());
+    vars
+}
+
+pub(super) fn scrub(out: &mut StepOutcome, r: &Redactor) {
+    if r.is_empty() {
+        return;
+    }
+    out.stdout = r.redact(&out.stdout).into_owned();
+    out.stderr_tail = r.redact(&out.stderr_tail).into_owned();
+    out.block = out.block.as_deref().map(|b| r.redact(b).into_owned());
+    for s in out.notes.iter_mut().chain(out.malformed.iter_mut()) {
+        *s = r.redact(s).into_owned();
+    }
+}

@@ -1,0 +1,145 @@
+//! The governed run: trigger → run (maker) → verify (checker) → commit, under the budget.
+//!
+//! Order of durable writes, so a crash at any point loses nothing and commits nothing
+//! twice: the idempotency key is reserved and the run recorded `running` and flushed
+//! *before* the maker starts; the key is marked `committing` and flushed *before* the
+//! commit step starts; the key is marked `committed` and flushed *after* it. A crash leaves
+//! a `running` record and a reserved or committing key, which [`Store::open`] turns into an
+//! interrupted run and a key *in doubt*.
+//!
+//! Commit runs only when the run is live (the runner decided so, see [`crate::live`])
+//! **and** verify said `pass`. A dry-run never touches an idempotency key.
+//!
+//! The parts: `machine` (the run's phases, its one transition function and its one
+//! terminal write), [`outcome`] (how a run ends, and how a step's outcome is read),
+//! `steps` (one step, recorded), `env` (what steps get), `operator` (go-live, reject,
+//! in-doubt).
+
+mod env;
+mod machine;
+mod operator;
+pub mod outcome;
+mod steps;
+
+use std::path::{Path, PathBuf};
+
+use chrono::Utc;
+use serde_json::{json, Value};
+
+use crate::config::Workflow;
+use crate::live::LiveStatus;
+use crate::runlog::RunLog;
+use crate::store::{RunRecord, Store, StoreError};
+use env::StepEnv;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot write the runlog: {0}")]
+    RunLog(#[from] std::io::Error),
+    #[error("{0}")]
+    Refused(String),
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;
+
+/// What fired a run: its id (known before it starts, so the daemon can list it in
+/// flight) and the trigger part of the context (`kind`, `fired_at`, …).
+#[derive(Debug, Clone)]
+pub struct Fire {
+    pub run_id: String,
+    pub trigger: Value,
+    pub retry_of: Option<String>,
+}
+
+impl Fire {
+    /// A fire of `kind` with the kind's own fields in `fields` (an object).
+    pub fn new(kind: &str, scheduled_for: Option<chrono::DateTime<Utc>>, fields: Value) -> Fire {
+        let mut trigger = json!({
+            "kind": kind,
+            "fired_at": now_rfc3339(),
+            "scheduled_for": scheduled_for.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+        });
+        if let (Some(obj), Value::Object(extra)) = (trigger.as_object_mut(), fields) {
+            obj.extend(extra);
+        }
+        Fire {
+            run_id: new_run_id(),
+            trigger,
+            retry_of: None,
+        }
+    }
+
+    /// A fire by the operator (`steward run`), with an optional JSON payload.
+    pub fn manual(payload: Option<Value>) -> Fire {
+        Fire::new(
+            "manual",
+            None,
+            json!({ "payload": payload.unwrap_or(Value::Null) }),
+        )
+    }
+}
+
+pub fn now_rfc3339() -> String {
+    Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The engine every governed run goes through (started only by the runner).
+#[derive(Clone)]
+pub struct Engine {
+    pub store: Store,
+    pub runlog: RunLog,
+    pub state_dir: PathBuf,
+}
+
+impl Engine {
+    pub fn live_status(&self, wf: &Workflow) -> Result<LiveStatus> {
+        Ok(LiveStatus::of(&self.store, wf)?)
+    }
+
+    /// A digest agent's steps 11 (when its commit did not run) and 12, the summary line.
+    fn agent_summary(&self, rec: &mut RunRecord, env: &StepEnv) -> Result<()> {
+        if let Some(why) = crate::agent::email_skipped_reason(rec) {
+            let dry = why.starts_with("dry-run");
+            let mut e = self.entry(rec, "maybe_email", if dry { "skipped" } else { "failed" });
+            e.detail = why;
+            self.runlog.record(&e, &env.redactor)?;
+        }
+        let line = crate::agent::summary_line(rec);
+        let mut e = self.entry(rec, "emit_summary", "ok");
+        e.detail = line.clone();
+        self.runlog.record(&e, &env.redactor)?;
+        rec.summary = Some(env.redactor.redact(&line).into_owned());
+        Ok(())
+    }
+}
+
+/// A run id that sorts by start time: `20261202T190512345-3fa2c1`.
+pub fn new_run_id() -> String {
+    let mut rand = [0u8; 3];
+    // A failing OS random source is not worth failing a run over: the clock still orders.
+    let _ = getrandom::fill(&mut rand);
+    format!(
+        "{}-{}",
+        Utc::now().format("%Y%m%dT%H%M%S%3f"),
+        hex::encode(rand)
+    )
+}
+
+/// Opens the engine on a state folder (creating it), reporting crash recovery.
+pub fn open(
+    state_dir: &Path,
+) -> std::result::Result<(Engine, crate::store::Recovery), EngineError> {
+    std::fs::create_dir_all(state_dir)?;
+    let (store, recovery) = Store::open(state_dir)?;
+    let runlog = RunLog::open(state_dir)?;
+    Ok((
+        Engine {
+            store,
+            runlog,
+            state_dir: state_dir.to_path_buf(),
+        },
+        recovery,
+    ))
+}

@@ -1,0 +1,163 @@
+//! The operator's acts on runs and workflows: go-live and back, rejecting a run under
+//! review, settling an in-doubt key; and the runlog lines that record who did them.
+
+use chrono::Utc;
+
+use super::env::StepEnv;
+use super::{Engine, EngineError, Result};
+use crate::config::Workflow;
+use crate::redact::Redactor;
+use crate::runlog::Entry;
+use crate::store::{Approval, KeyPhase, KeyRecord, RunRecord, RunState};
+
+impl Engine {
+    /// Records the operator's approval of the workflow's current config.
+    pub fn go_live(&self, wf: &Workflow) -> Result<Approval> {
+        if wf.dry_run {
+            return Err(EngineError::Refused(format!(
+                "{} says dry_run = true: set dry_run = false in the file first, then approve that exact config with `steward go-live {}`",
+                wf.file.display(),
+                wf.id
+            )));
+        }
+        let approval = Approval {
+            workflow: wf.id.clone(),
+            config_hash: wf.config_hash.clone(),
+            approved_at: Utc::now(),
+            approved_by: operator(),
+        };
+        self.store.approve_go_live(&approval)?;
+        self.store.flush()?;
+        self.log_operator(
+            &wf.id,
+            "go-live",
+            &format!("approved config sha256 {}", wf.config_hash),
+        )?;
+        Ok(approval)
+    }
+
+    pub fn dry_run(&self, wf: &Workflow) -> Result<bool> {
+        let had = self.store.revoke_go_live(&wf.id)?;
+        self.store.flush()?;
+        self.log_operator(&wf.id, "dry-run", "go-live approval withdrawn")?;
+        Ok(had)
+    }
+
+    /// The run waiting for review under `run_id`, or why there is none.
+    pub fn review_item(&self, run_id: &str) -> Result<RunRecord> {
+        self.pending_review(run_id)
+    }
+
+    /// `steward reject RUN`: the operator refuses an escalated run; its key is freed.
+    pub fn reject(&self, run_id: &str, why: Option<&str>) -> Result<RunRecord> {
+        let mut rec = self.pending_review(run_id)?;
+        let env = StepEnv::none();
+        self.store.remove_review(run_id)?;
+        if let (Some(key), false) = (&rec.idempotency_key, rec.dry_run) {
+            self.store.release_key(&rec.workflow, key)?;
+        }
+        rec.state = RunState::Failed;
+        rec.reason = format!(
+            "rejected by operator{}",
+            why.map(|w| format!(": {w}")).unwrap_or_default()
+        );
+        rec.ended_at = Some(Utc::now());
+        self.store.put_run(&rec)?;
+        self.store.flush()?;
+        self.log_operator_run(&rec, "reject", &rec.reason, &env.redactor)?;
+        Ok(rec)
+    }
+
+    pub(super) fn pending_review(&self, run_id: &str) -> Result<RunRecord> {
+        let rec = self.store.run(run_id)?.ok_or_else(|| {
+            EngineError::Refused(format!("no run with id `{run_id}` (see `steward runs`)"))
+        })?;
+        if rec.state != RunState::ApprovalRequired || !self.store.in_review(run_id)? {
+            return Err(EngineError::Refused(format!(
+                "run {run_id} is not waiting for review (it is {}): nothing to approve or reject",
+                rec.state
+            )));
+        }
+        Ok(rec)
+    }
+
+    /// `steward in-doubt resolve`: the operator says whether an in-doubt key committed.
+    pub fn settle_key(&self, workflow: &str, key: &str, committed: bool) -> Result<KeyRecord> {
+        let rec = self
+            .store
+            .key(workflow, key)?
+            .filter(|k| k.phase == KeyPhase::InDoubt)
+            .ok_or_else(|| EngineError::Refused(format!("no in-doubt key `{key}` for workflow `{workflow}` (see `steward in-doubt list`)")))?;
+        if committed {
+            self.store
+                .set_key(workflow, key, &rec.run_id, KeyPhase::Committed)?;
+        } else {
+            self.store.release_key(workflow, key)?;
+        }
+        self.store.flush()?;
+        let what = if committed {
+            "marked committed: re-fires are clean no-ops"
+        } else {
+            "released: the next fire runs again"
+        };
+        self.log_operator(
+            workflow,
+            "in-doubt",
+            &format!("key `{key}` of run {} {what}", rec.run_id),
+        )?;
+        Ok(rec)
+    }
+
+    pub(super) fn entry(&self, rec: &RunRecord, step: &str, status: &str) -> Entry {
+        Entry {
+            ts: Utc::now(),
+            run_id: rec.run_id.clone(),
+            workflow: rec.workflow.clone(),
+            attempt: rec.attempt,
+            step: step.to_string(),
+            status: status.to_string(),
+            figures: None,
+            duration_ms: None,
+            detail: String::new(),
+            data: None,
+        }
+    }
+
+    pub(super) fn log_operator_run(
+        &self,
+        rec: &RunRecord,
+        step: &str,
+        detail: &str,
+        redactor: &Redactor,
+    ) -> Result<()> {
+        let mut e = self.entry(rec, step, "operator");
+        e.detail = format!("{detail} (by {})", operator());
+        self.runlog.record(&e, redactor)?;
+        Ok(())
+    }
+
+    fn log_operator(&self, workflow: &str, step: &str, detail: &str) -> Result<()> {
+        let e = Entry {
+            ts: Utc::now(),
+            run_id: String::new(),
+            workflow: workflow.to_string(),
+            attempt: 0,
+            step: step.to_string(),
+            status: "operator".to_string(),
+            figures: None,
+            duration_ms: None,
+            detail: format!("{detail} (by {})", operator()),
+            data: None,
+        };
+        self.runlog.record(&e, &Redactor::default())?;
+        Ok(())
+    }
+}
+
+/// Who is acting: the login name, for approvals and the runlog.
+fn operator() -> String {
+    std::env::var("SUDO_USER")
+        .or_else(|_| std::env::var("USER"))
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| format!("uid {}", nix::unistd::getuid()))
+}

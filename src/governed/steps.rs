@@ -1,0 +1,117 @@
+//! One step of a run (run, verify or commit) as the engine records it: started through
+//! the step supervisor, its secrets masked, every control line, sub-step and note
+//! written to the runlog, and one line for how it ended.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::env::{scrub, StepEnv};
+use super::outcome::verdict_of;
+use super::{Engine, Result};
+use crate::budget::BudgetGuard;
+use crate::config::Workflow;
+use crate::step::{run_step, Ending, Exit, StepKind, StepOutcome, StepRequest};
+use crate::store::RunRecord;
+
+impl Engine {
+    /// Runs one step, records it in the runlog and keeps its stderr tail and notes.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn step(
+        &self,
+        wf: &Workflow,
+        rec: &mut RunRecord,
+        kind: StepKind,
+        argv: &[String],
+        ctx: &Value,
+        vars: &[(String, String)],
+        guard: Option<&mut BudgetGuard>,
+        timeout: Option<Duration>,
+        env: &StepEnv,
+        cancel: &CancellationToken,
+    ) -> Result<StepOutcome> {
+        let req = StepRequest {
+            kind,
+            argv,
+            cwd: &wf.cwd,
+            env: vars,
+            stdin: serde_json::to_vec(ctx).unwrap_or_default(),
+            timeout,
+            kill_grace: wf.caps.kill_grace,
+            stall_timeout: if kind == StepKind::Commit {
+                None
+            } else {
+                wf.caps.stall_timeout
+            },
+            cancel: cancel.clone(),
+        };
+        let figures_before = guard.is_some();
+        let mut guard = guard;
+        let mut out = run_step(req, guard.as_deref_mut()).await;
+        scrub(&mut out, &env.redactor);
+
+        for line in &out.malformed {
+            let mut e = self.entry(rec, kind.name(), "control-ignored");
+            e.detail = line.clone();
+            self.runlog.record(&e, &env.redactor)?;
+        }
+        for (name, status, detail) in &out.steps {
+            let mut e = self.entry(rec, name, status);
+            e.detail = detail.clone();
+            self.runlog.record(&e, &env.redactor)?;
+        }
+        for note in &out.notes {
+            let mut e = self.entry(rec, kind.name(), "note");
+            e.detail = note.clone();
+            self.runlog.record(&e, &env.redactor)?;
+            rec.notes.push(note.clone());
+        }
+        if !out.stderr_tail.is_empty() {
+            rec.stderr
+                .insert(kind.name().to_string(), out.stderr_tail.clone());
+        }
+        let (status, detail) = match &out.ending {
+            Ending::Exited => match (kind, out.exit) {
+                (StepKind::Verify, _) => ("done", format!("verdict {}", verdict_of(&out).0.name())),
+                (_, Some(Exit::Code(0))) => ("ok", String::new()),
+                (_, Some(exit)) => ("error", exit.to_string()),
+                (_, None) => ("error", "exit status unknown".to_string()),
+            },
+            Ending::Breach(b) => (
+                "breach",
+                format!("budget exhausted: {b}; process group killed"),
+            ),
+            Ending::Stalled(d) => (
+                "stalled",
+                format!(
+                    "no progress for {:.1}s; process group killed",
+                    d.as_secs_f64()
+                ),
+            ),
+            Ending::TimedOut(d) => (
+                "timeout",
+                format!(
+                    "still running after {:.1}s; process group killed",
+                    d.as_secs_f64()
+                ),
+            ),
+            Ending::SpawnFailed(e) => ("error", e.clone()),
+            Ending::Cancelled => (
+                "cancelled",
+                "steward stopped the run; process group killed".to_string(),
+            ),
+        };
+        let mut e = self.entry(rec, kind.name(), status);
+        e.detail = detail;
+        e.duration_ms = Some(out.duration.as_millis() as u64);
+        if figures_before {
+            e.figures = guard.map(|g| g.figures());
+        }
+        if let Ending::Breach(b) = &out.ending {
+            e.data = Some(json!({"cap": b.cap.name(), "used": b.used, "limit": b.limit}));
+        }
+        self.runlog.record(&e, &env.redactor)?;
+        Ok(out)
+    }
+}
