@@ -1,7 +1,7 @@
 //! The control socket, `STATE/steward.sock`: how the CLI reaches a running daemon.
 //!
 //! sled admits one process per state folder, so while the daemon runs it answers the
-//! CLI's requests itself. One JSON line each way: a [`Request`] in, a [`Response`] out,
+//! CLI's requests itself. One JSON line each way: a [`crate::api::Request`] in, a [`Response`] out,
 //! each with the protocol version ([`crate::api`]); every request goes to the same
 //! [`Service`] the CLI uses when no daemon runs. The socket is mode 0600 and a client of
 //! another uid (root aside) is refused.

@@ -3,24 +3,34 @@
 //! # Theory of operation
 //!
 //! Something fires a **workflow** (a config file under `config/workflows/`, see
-//! [`config`]). Every fire becomes one **governed run** ([`governed`]): the maker
-//! (`run`), then a separate checker (`verify`), then — only when the workflow is live and
-//! the checker said `pass` — `commit`, the one step allowed a side effect. Each step is a
-//! child process in its own process group ([`step`]) — and, where cgroups v2 allow, in a
-//! cgroup of its own from its first instruction ([`containment`], [`process`]) — that gets
-//! the run context on stdin and may report charges on fd 3 ([`control`]); the [`budget`]
-//! guard kills the group the moment a cap is crossed.
+//! [`config`]) and asks the [`runner`] for a run: the one road every run takes, from a
+//! trigger, a catch-up or drain ([`drain`]), an operator's command, a review approval or
+//! an agency case turn ([`agency`]). The runner alone applies the overlap policy, the
+//! global cap, the live/dry decision ([`live`]: the file, the go-live approval, an edit
+//! since, forced dry-run, `--live`, and the reason), the in-flight list and shutdown
+//! grace, then hands the run to the engine ([`governed`]).
 //!
-//! Every run ends in one of seven terminal states and leaves a record in the sled
+//! A **governed run** is a state machine: the maker (`run`), then a separate checker
+//! (`verify`), then — only when live and the checker said `pass` — `commit`, the one step
+//! allowed a side effect. Each step is a child process in its own process group
+//! ([`step`]) — and, where cgroups v2 allow, in a cgroup of its own from its first
+//! instruction ([`containment`], [`process`]) — that gets the run context on stdin and may
+//! report charges on fd 3 ([`control`]); the [`budget`] guard kills the group the moment a
+//! cap is crossed.
+//!
+//! Every run ends in one of seven terminal states — `success`, `clean-no-op`, `blocked`,
+//! `approval-required`, `exhausted`, `stagnated`, `failed` — or is recorded as
+//! `interrupted` (steward stopped it), `skipped` (overlap) or `missed` (steward was down);
+//! `running` is the only other state a record can be in. It leaves a record in the sled
 //! [`store`] (with its idempotency key, and a dead-letter or review entry where it
 //! belongs) and one line per step in `runlog.jsonl` ([`runlog`]), with secrets masked by
-//! the [`redact`] module. The [`cli`] is the operator's handle on all of it; `steward new`
-//! writes a workflow skeleton ([`scaffold`]).
+//! the [`redact`] module. Digest agents ([`agent`]) are governed runs whose steps are
+//! steward's own.
 //!
-//! The [`daemon`] is the long-running home of all this: its [`trigger`] tasks (cron,
-//! file drops, queues, webhooks) turn events into fires, a dispatcher applies overlap
-//! policy and a global cap, missed schedules are caught up through queue markers
-//! ([`drain`]), and operators reach it through the [`control_socket`].
+//! The [`cli`] turns arguments into a typed request ([`api`]) and sends it to the
+//! [`daemon`] over the [`control_socket`], or answers it itself with the same
+//! [`service`] when no daemon runs. The daemon's [`trigger`] tasks (cron, file drops,
+//! queues, webhooks) turn events into fires; signals become events in one place.
 
 pub mod agency;
 pub mod agent;

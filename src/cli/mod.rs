@@ -3,11 +3,11 @@
 //! Output is for a person by default; `--json` gives a script something stable to parse.
 //! Errors go to stderr as `steward: what failed: why`, with a hint where there is one.
 //!
-//! Every command that touches the store becomes a typed [`Request`] ([`request`]). sled
+//! Every command that touches the store becomes a typed [`Request`] (`request`). sled
 //! admits one process per state folder, so while a daemon runs the request goes to it over
 //! the control socket ([`client`]); with no daemon the CLI answers it itself with the same
 //! [`Service`] and a runner of its own. Either way the [`Response`] is shown here
-//! ([`show`]).
+//! (`show`).
 
 mod client;
 mod logs;
