@@ -1,0 +1,427 @@
+//! A case as its events say it is: the sealed, hash-chained event stream, its fold, and
+//! the appends that extend it (the append at the folded version is the lease).
+
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::{CaseError, EPS};
+use crate::config::agency::Agency;
+use crate::governed::Engine;
+use crate::redact::Redactor;
+use crate::runlog::Entry;
+
+/// One sealed event of a case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub version: u64,
+    pub at: String,
+    /// `case_id:turn:driver_id` for turn events.
+    pub key: String,
+    pub kind: String,
+    pub data: Value,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+/// What an event records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// The case opened: mandate, roster and limits snapshotted.
+    Opened,
+    /// One turn: its decision (dispatch, awaiting approval, resolve, escalate, fail).
+    Turn,
+    /// An operator granted the waiting move.
+    Approved,
+    /// A member's run ended: the receipt.
+    MemberResult,
+    /// A member's run ended without a result of its own (interrupted, skipped).
+    MemberUnfinished,
+}
+
+impl EventKind {
+    /// The name stored in the event (and sealed into its hash).
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Opened => "opened",
+            EventKind::Turn => "turn",
+            EventKind::Approved => "approved",
+            EventKind::MemberResult => "member_result",
+            EventKind::MemberUnfinished => "member_unfinished",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<EventKind> {
+        [
+            EventKind::Opened,
+            EventKind::Turn,
+            EventKind::Approved,
+            EventKind::MemberResult,
+            EventKind::MemberUnfinished,
+        ]
+        .into_iter()
+        .find(|k| k.name() == name)
+    }
+}
+
+fn seal(version: u64, at: &str, key: &str, kind: &str, data: &Value, prev_hash: &str) -> String {
+    let body = json!({ "version": version, "at": at, "key": key, "kind": kind, "data": data });
+    let mut h = Sha256::new();
+    h.update(prev_hash.as_bytes());
+    h.update(b"\n");
+    h.update(serde_json::to_string(&body).unwrap_or_default().as_bytes());
+    hex::encode(h.finalize())
+}
+
+/// What a member's governed run left: the receipt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub turn: u64,
+    pub member: String,
+    pub run_id: String,
+    pub state: String,
+    pub output: Value,
+    /// Counted against the case's limit (at most what the run was allowed).
+    pub spend_usd: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dispatch {
+    pub turn: u64,
+    pub member: String,
+    /// The workflow the member runs (the seed's `skill`).
+    pub skill: String,
+    pub task: String,
+    pub needed_scope: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaseStatus {
+    Open,
+    AwaitingApproval,
+    Resolved,
+    Failed,
+}
+
+/// The case as its events say it is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Case {
+    pub case_id: String,
+    pub agency: Agency,
+    pub signal: Value,
+    pub version: u64,
+    #[serde(skip)]
+    pub last_hash: String,
+    pub status: CaseStatus,
+    pub turns: u64,
+    pub acts: u64,
+    pub spend_usd: f64,
+    /// Dispatched, no result recorded yet.
+    pub pending: Option<Dispatch>,
+    /// A proposal waiting for (or granted) approval.
+    pub awaiting: Option<Value>,
+    pub approved: bool,
+    pub receipts: Vec<Receipt>,
+    /// Members with a successful receipt, for planners that only need that.
+    pub done_members: Vec<String>,
+    /// Member runs that ended without a result of their own (interrupted by a shutdown,
+    /// skipped by overlap): their dispatch stays pending, so a later advance redoes it.
+    #[serde(default)]
+    pub unfinished: Vec<Receipt>,
+    pub resolution: Option<Value>,
+    pub reason: Option<String>,
+}
+
+pub(super) fn predicates(case: &Case) -> (Value, Vec<String>) {
+    let l = &case.agency.limits;
+    let turns = case.turns >= l.max_turns;
+    let acts = case.acts >= l.max_acts;
+    let spend = case.spend_usd + EPS >= l.max_spend_usd;
+    let mut breached = Vec::new();
+    if turns {
+        breached.push(format!("turns {}/{}", case.turns, l.max_turns));
+    }
+    if acts {
+        breached.push(format!("acts {}/{}", case.acts, l.max_acts));
+    }
+    if spend {
+        breached.push(format!(
+            "spend {:.2}/{:.2} USD",
+            case.spend_usd, l.max_spend_usd
+        ));
+    }
+    (
+        json!({ "turns_over": turns, "acts_over": acts, "spend_over": spend }),
+        breached,
+    )
+}
+
+pub(super) fn decode(events: Vec<(u64, Vec<u8>)>) -> Result<Vec<Event>, String> {
+    events
+        .into_iter()
+        .map(|(v, bytes)| {
+            serde_json::from_slice::<Event>(&bytes)
+                .map_err(|e| format!("event {v} is unreadable: {e}"))
+        })
+        .collect()
+}
+
+/// Replays the chain: Err names the first broken link.
+pub fn verify_chain(events: &[Event]) -> Result<(), String> {
+    let mut prev = String::new();
+    for (i, e) in events.iter().enumerate() {
+        let want = i as u64 + 1;
+        if e.version != want {
+            return Err(format!(
+                "event {want}: missing (found version {} instead)",
+                e.version
+            ));
+        }
+        if e.prev_hash != prev {
+            return Err(format!(
+                "event {}: its prev_hash does not match event {}'s hash",
+                e.version,
+                e.version - 1
+            ));
+        }
+        if seal(e.version, &e.at, &e.key, &e.kind, &e.data, &e.prev_hash) != e.hash {
+            return Err(format!(
+                "event {} ({}): its content does not match its hash (altered after it was written)",
+                e.version, e.kind
+            ));
+        }
+        prev = e.hash.clone();
+    }
+    Ok(())
+}
+
+/// Folds a verified stream into the case.
+pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, String> {
+    let first = events.first().ok_or("no events")?;
+    if first.kind != EventKind::Opened.name() {
+        return Err("the first event is not `opened`".into());
+    }
+    let agency: Agency = serde_json::from_value(first.data["agency"].clone())
+        .map_err(|e| format!("opened event: {e}"))?;
+    let mut c = Case {
+        case_id: case_id.to_string(),
+        agency,
+        signal: first.data["signal"].clone(),
+        version: 0,
+        last_hash: String::new(),
+        status: CaseStatus::Open,
+        turns: 0,
+        acts: 0,
+        spend_usd: 0.0,
+        pending: None,
+        awaiting: None,
+        approved: false,
+        receipts: Vec::new(),
+        done_members: Vec::new(),
+        unfinished: Vec::new(),
+        resolution: None,
+        reason: None,
+    };
+    for e in events {
+        c.version = e.version;
+        c.last_hash = e.hash.clone();
+        let Some(kind) = EventKind::parse(&e.kind) else {
+            return Err(format!("event {}: unknown kind `{}`", e.version, e.kind));
+        };
+        match kind {
+            EventKind::Opened => {}
+            EventKind::Turn => {
+                c.turns += 1;
+                match e.data["decision"].as_str() {
+                    Some("dispatch") => {
+                        c.acts += 1;
+                        c.pending = serde_json::from_value(e.data["dispatch"].clone()).ok();
+                        c.awaiting = None;
+                        c.approved = false;
+                    }
+                    Some("awaiting_approval") => {
+                        c.status = CaseStatus::AwaitingApproval;
+                        c.awaiting = Some(e.data["proposal"].clone());
+                        c.approved = false;
+                    }
+                    Some("resolve") => {
+                        c.status = CaseStatus::Resolved;
+                        c.resolution = Some(e.data["resolution"].clone());
+                    }
+                    Some("fail") => {
+                        c.status = CaseStatus::Failed;
+                        c.reason = e.data["reason"].as_str().map(String::from);
+                    }
+                    _ => {}
+                }
+            }
+            EventKind::Approved => {
+                c.status = CaseStatus::Open;
+                c.approved = true;
+            }
+            EventKind::MemberResult => {
+                if let Ok(r) = serde_json::from_value::<Receipt>(e.data.clone()) {
+                    c.spend_usd += r.spend_usd;
+                    if r.state == "success" && !c.done_members.contains(&r.member) {
+                        c.done_members.push(r.member.clone());
+                    }
+                    c.receipts.push(r);
+                }
+                c.pending = None;
+            }
+            EventKind::MemberUnfinished => {
+                if let Ok(r) = serde_json::from_value::<Receipt>(e.data.clone()) {
+                    c.unfinished.push(r);
+                }
+            }
+        }
+    }
+    Ok(c)
+}
+
+/// Loads, verifies and folds a case; None if it has no events.
+pub fn load(engine: &Engine, case_id: &str) -> Result<Option<(Case, Vec<Event>)>, CaseError> {
+    let raw = engine.store.case_events(case_id)?;
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let events = decode(raw).map_err(CaseError::Refused)?;
+    verify_chain(&events).map_err(|e| {
+        CaseError::Refused(format!(
+            "case {case_id} cannot be trusted: {e} (see `steward case verify {case_id}`)"
+        ))
+    })?;
+    let case = fold(case_id, &events).map_err(CaseError::Refused)?;
+    Ok(Some((case, events)))
+}
+
+/// The case again, after an append of ours.
+pub(super) fn reload(engine: &Engine, case_id: &str) -> Result<Case, CaseError> {
+    load(engine, case_id)?
+        .map(|(c, _)| c)
+        .ok_or_else(|| CaseError::Refused(format!("case {case_id} vanished")))
+}
+
+pub(super) fn append(
+    engine: &Engine,
+    case: &Case,
+    key: &str,
+    kind: EventKind,
+    data: Value,
+) -> Result<(), CaseError> {
+    let version = case.version + 1;
+    let at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let hash = seal(version, &at, key, kind.name(), &data, &case.last_hash);
+    let e = Event {
+        version,
+        at,
+        key: key.to_string(),
+        kind: kind.name().to_string(),
+        data,
+        prev_hash: case.last_hash.clone(),
+        hash,
+    };
+    let bytes = serde_json::to_vec(&e).map_err(|e| CaseError::Refused(e.to_string()))?;
+    if engine
+        .store
+        .append_case_event(&case.case_id, version, &bytes)?
+    {
+        Ok(())
+    } else {
+        Err(CaseError::Conflict {
+            case: case.case_id.clone(),
+            version,
+        })
+    }
+}
+
+pub(super) fn log(engine: &Engine, agency: &str, case_id: &str, status: &str, detail: String) {
+    let e = Entry {
+        ts: Utc::now(),
+        run_id: case_id.to_string(),
+        workflow: agency.to_string(),
+        attempt: 0,
+        step: "case".into(),
+        status: status.into(),
+        figures: None,
+        duration_ms: None,
+        detail,
+        data: None,
+    };
+    if let Err(err) = engine.runlog.record(&e, &Redactor::default()) {
+        tracing::error!("cannot write the runlog: {err}");
+    }
+}
+
+/// `steward case open`
+pub fn open(
+    engine: &Engine,
+    agency: &Agency,
+    case_id: &str,
+    signal: Value,
+) -> Result<Case, CaseError> {
+    if !crate::config::valid_id(case_id) {
+        return Err(CaseError::Refused(format!(
+            "case id `{case_id}` is not allowed: use 1-64 of a-z, 0-9, `-`, `_`"
+        )));
+    }
+    if load(engine, case_id)?.is_some() {
+        return Err(CaseError::Refused(format!("case {case_id} already exists")));
+    }
+    let data = json!({ "agency": agency, "signal": signal });
+    let at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let key = format!("{case_id}:open");
+    let hash = seal(1, &at, &key, EventKind::Opened.name(), &data, "");
+    let e = Event {
+        version: 1,
+        at,
+        key,
+        kind: EventKind::Opened.name().into(),
+        data,
+        prev_hash: String::new(),
+        hash,
+    };
+    let bytes = serde_json::to_vec(&e).map_err(|e| CaseError::Refused(e.to_string()))?;
+    if !engine.store.append_case_event(case_id, 1, &bytes)? {
+        return Err(CaseError::Conflict {
+            case: case_id.to_string(),
+            version: 1,
+        });
+    }
+    log(
+        engine,
+        &agency.id,
+        case_id,
+        "opened",
+        format!("mandate: {}", agency.mandate),
+    );
+    reload(engine, case_id)
+}
+
+/// `steward case approve`: grants the waiting proposal.
+pub fn approve(engine: &Engine, case_id: &str, by: &str) -> Result<Case, CaseError> {
+    let (case, _) =
+        load(engine, case_id)?.ok_or_else(|| CaseError::Refused(format!("no case {case_id}")))?;
+    if case.status != CaseStatus::AwaitingApproval {
+        return Err(CaseError::Refused(format!(
+            "case {case_id} is not awaiting approval"
+        )));
+    }
+    append(
+        engine,
+        &case,
+        &format!("{case_id}:approve:{}", case.turns),
+        EventKind::Approved,
+        json!({ "turn": case.turns, "by": by }),
+    )?;
+    log(
+        engine,
+        &case.agency.id,
+        case_id,
+        "approved",
+        format!("turn {} approved by {by}", case.turns),
+    );
+    reload(engine, case_id)
+}

@@ -1,0 +1,516 @@
+//! One turn of a case: fold, check the limits before any judgment, ask the planner for
+//! one move, constrain it to the roster and the scope ceilings, append the turn at the
+//! folded version (the lease), then — with `--run`, and always under the daemon — run the
+//! member ([`super::member`]).
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::case::{
+    append, load, log, predicates, reload, Case, CaseStatus, Dispatch, EventKind, Receipt,
+};
+use super::member::run_member;
+use super::{CaseError, SCHEMA};
+use crate::config::Config;
+use crate::governed::Engine;
+use crate::runner::Runner;
+
+/// The `agency_turn` object of the seed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Turn {
+    pub schema: String,
+    pub status: String,
+    pub case_id: String,
+    pub turn: u64,
+    pub dispatch: Option<Dispatch>,
+    pub approval_prompt: Option<String>,
+    pub resolution: Option<Value>,
+    pub predicates: Value,
+    pub reason: Option<String>,
+    pub next: String,
+    /// The member run's id, when this turn ran it (`--run`).
+    pub receipt: Option<String>,
+}
+
+/// The planner's proposal, read from its JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Proposal {
+    Dispatch {
+        member: String,
+        task: String,
+        needed_scope: Vec<String>,
+    },
+    Resolve {
+        resolution: Value,
+        reason: Option<String>,
+    },
+    Escalate {
+        missing: String,
+    },
+    /// An `action` steward does not know (refused, naming it).
+    Unknown(String),
+}
+
+impl Proposal {
+    pub fn read(v: &Value) -> Proposal {
+        let text = |k: &str| v[k].as_str().map(String::from);
+        match v["action"].as_str().unwrap_or("") {
+            "dispatch" => Proposal::Dispatch {
+                member: text("member").unwrap_or_default(),
+                task: text("task").unwrap_or_default(),
+                needed_scope: v["needed_scope"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|s| s.as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            },
+            "resolve" => Proposal::Resolve {
+                resolution: v["resolution"].clone(),
+                reason: text("reason"),
+            },
+            "escalate" => Proposal::Escalate {
+                missing: text("missing").unwrap_or_else(|| "(unspecified)".into()),
+            },
+            other => Proposal::Unknown(other.to_string()),
+        }
+    }
+}
+
+pub(super) fn turn(case: &Case, status: &str, reason: Option<String>, next: &str) -> Turn {
+    Turn {
+        schema: SCHEMA.into(),
+        status: status.into(),
+        case_id: case.case_id.clone(),
+        turn: case.turns,
+        dispatch: None,
+        approval_prompt: None,
+        resolution: case.resolution.clone(),
+        predicates: predicates(case).0,
+        reason,
+        next: next.into(),
+        receipt: None,
+    }
+}
+
+/// `steward case advance`: one governed turn. `member_result` records a hand-run
+/// member's outcome first; `run` runs the dispatched member right away.
+pub async fn advance(
+    runner: &Runner,
+    config: &Config,
+    case_id: &str,
+    driver: &str,
+    member_result: Option<Receipt>,
+    run: bool,
+) -> Result<Turn, CaseError> {
+    let engine = runner.engine();
+    let Some((mut case, _)) = load(engine, case_id)? else {
+        return Ok(no_case(case_id));
+    };
+    if let Some(t) = closed(&case) {
+        return Ok(t);
+    }
+    if let Some(r) = member_result {
+        case = record_result(engine, &case, r)?;
+    }
+    if let Some(p) = case.pending.clone() {
+        if !run {
+            let mut t = turn(
+                &case,
+                "needs_input",
+                Some(format!(
+                    "turn {} dispatched {} and its result is not recorded",
+                    p.turn, p.member
+                )),
+                "record it: --member-result FILE, or advance with --run",
+            );
+            t.dispatch = Some(p);
+            return Ok(t);
+        }
+        // Run the dispatched member now (the turn event, the lease, is already there).
+        return run_member(runner, config, case, p).await;
+    }
+    // The measurable gate comes before any judgment.
+    if let Some(t) = over_limit(engine, &case, driver)? {
+        return Ok(t);
+    }
+    if case.status == CaseStatus::AwaitingApproval {
+        let mut t = turn(
+            &case,
+            "awaiting_approval",
+            Some("a consequential move waits for approval".into()),
+            &format!("steward case approve {case_id}"),
+        );
+        t.approval_prompt = case.awaiting.as_ref().map(|p| prompt(&case, p));
+        return Ok(t);
+    }
+    let proposal = match (&case.awaiting, case.approved) {
+        (Some(p), true) => p.clone(),
+        _ => ask_planner(&case, &config.root).await.map_err(|e| {
+            log(
+                engine,
+                &case.agency.id,
+                case_id,
+                "refused",
+                format!("planner: {e}"),
+            );
+            CaseError::Refused(format!("planner: {e}"))
+        })?,
+    };
+    let key = format!("{case_id}:{}:{driver}", case.turns + 1);
+    match Proposal::read(&proposal) {
+        Proposal::Resolve { resolution, reason } => {
+            resolve(engine, &case, &key, resolution, reason)
+        }
+        Proposal::Escalate { missing } => escalate(engine, &case, &key, &missing),
+        Proposal::Dispatch {
+            member,
+            task,
+            needed_scope,
+        } => {
+            let dispatch = match constrain(&case, &member, task, needed_scope) {
+                Constrained::Go(d) => d,
+                Constrained::Refused(why) => return refuse(engine, &case, why),
+                Constrained::NeedsApproval { member } => {
+                    return await_approval(engine, &case, &member, &proposal, &key)
+                }
+            };
+            // The lease: this append lands before the member runs, or nothing runs.
+            append(
+                engine,
+                &case,
+                &key,
+                EventKind::Turn,
+                json!({ "decision": "dispatch", "dispatch": dispatch, "driver": driver }),
+            )?;
+            log(
+                engine,
+                &case.agency.id,
+                case_id,
+                "advanced",
+                format!(
+                    "turn {} → {}: {}",
+                    dispatch.turn, dispatch.member, dispatch.task
+                ),
+            );
+            let case = reload(engine, case_id)?;
+            if run {
+                return run_member(runner, config, case, dispatch).await;
+            }
+            let mut t = turn(
+                &case,
+                "advanced",
+                None,
+                &format!(
+                    "run {} ({}), then advance with its result",
+                    dispatch.member, dispatch.skill
+                ),
+            );
+            t.dispatch = Some(dispatch);
+            Ok(t)
+        }
+        Proposal::Unknown(other) => refuse(
+            engine,
+            &case,
+            format!("the planner proposed `{other}`: expected dispatch, resolve or escalate"),
+        ),
+    }
+}
+
+fn no_case(case_id: &str) -> Turn {
+    Turn {
+        schema: SCHEMA.into(),
+        status: "needs_input".into(),
+        case_id: case_id.into(),
+        turn: 0,
+        dispatch: None,
+        approval_prompt: None,
+        resolution: None,
+        predicates: json!({}),
+        reason: Some(format!("no case {case_id}")),
+        next: format!("open it: steward case open --agency AGENCY --case {case_id}"),
+        receipt: None,
+    }
+}
+
+/// A resolved or failed case advances no further.
+fn closed(case: &Case) -> Option<Turn> {
+    let closed = "nothing: the case is closed";
+    match case.status {
+        CaseStatus::Resolved => Some(turn(
+            case,
+            "resolved",
+            Some("the case is resolved".into()),
+            closed,
+        )),
+        CaseStatus::Failed => Some(turn(case, "failed", case.reason.clone(), closed)),
+        _ => None,
+    }
+}
+
+/// Records a hand-run member's result against the pending dispatch.
+fn record_result(engine: &Engine, case: &Case, mut r: Receipt) -> Result<Case, CaseError> {
+    // No dispatch waits for a result: another driver recorded it first (or the case
+    // moved on). Either way this driver's view is stale: a conflict, nothing runs.
+    let Some(p) = case.pending.clone() else {
+        return Err(CaseError::Conflict {
+            case: case.case_id.clone(),
+            version: case.version,
+        });
+    };
+    r.turn = p.turn;
+    r.member = p.member.clone();
+    append(
+        engine,
+        case,
+        &format!("{}:{}:result", case.case_id, p.turn),
+        EventKind::MemberResult,
+        serde_json::to_value(&r).unwrap_or_default(),
+    )?;
+    reload(engine, &case.case_id)
+}
+
+/// A breached limit fails the turn, whatever the planner would say.
+fn over_limit(engine: &Engine, case: &Case, driver: &str) -> Result<Option<Turn>, CaseError> {
+    let (preds, breached) = predicates(case);
+    if breached.is_empty() {
+        return Ok(None);
+    }
+    let reason = format!("limit reached: {}", breached.join(", "));
+    append(
+        engine,
+        case,
+        &format!("{}:{}:{driver}", case.case_id, case.turns + 1),
+        EventKind::Turn,
+        json!({ "decision": "fail", "reason": reason, "predicates": preds }),
+    )?;
+    log(
+        engine,
+        &case.agency.id,
+        &case.case_id,
+        "failed",
+        reason.clone(),
+    );
+    let case = reload(engine, &case.case_id)?;
+    Ok(Some(turn(
+        &case,
+        "failed",
+        Some(reason),
+        "nothing: the case is closed",
+    )))
+}
+
+fn resolve(
+    engine: &Engine,
+    case: &Case,
+    key: &str,
+    summary: Value,
+    reason: Option<String>,
+) -> Result<Turn, CaseError> {
+    if case.receipts.is_empty() {
+        let why = "the planner wants to resolve, but no work has a receipt yet".into();
+        return refuse(engine, case, why);
+    }
+    let receipts: Vec<&str> = case.receipts.iter().map(|r| r.run_id.as_str()).collect();
+    let resolution = json!({ "summary": summary, "receipts": receipts });
+    append(
+        engine,
+        case,
+        key,
+        EventKind::Turn,
+        json!({ "decision": "resolve", "resolution": resolution }),
+    )?;
+    log(
+        engine,
+        &case.agency.id,
+        &case.case_id,
+        "resolved",
+        format!("receipts: {}", receipts.join(", ")),
+    );
+    let case = reload(engine, &case.case_id)?;
+    Ok(turn(
+        &case,
+        "resolved",
+        reason,
+        "nothing: the case is closed",
+    ))
+}
+
+fn escalate(engine: &Engine, case: &Case, key: &str, missing: &str) -> Result<Turn, CaseError> {
+    append(
+        engine,
+        case,
+        key,
+        EventKind::Turn,
+        json!({ "decision": "escalate", "missing": missing }),
+    )?;
+    let contact = &case.agency.escalation_contact;
+    let reason = format!("no member can act: missing {missing}; escalated to {contact}");
+    log(
+        engine,
+        &case.agency.id,
+        &case.case_id,
+        "needs_input",
+        reason.clone(),
+    );
+    let case = reload(engine, &case.case_id)?;
+    Ok(turn(
+        &case,
+        "needs_input",
+        Some(reason),
+        &format!("{contact} provides {missing}, then advance"),
+    ))
+}
+
+/// What the roster, the scope ceilings and the approval rules make of a dispatch.
+enum Constrained {
+    Go(Dispatch),
+    Refused(String),
+    /// A consequential move: it waits for `steward case approve`.
+    NeedsApproval {
+        member: String,
+    },
+}
+
+fn constrain(case: &Case, member: &str, task: String, needed: Vec<String>) -> Constrained {
+    let Some(m) = case.agency.roster.iter().find(|m| m.name == member) else {
+        return Constrained::Refused(format!(
+            "the planner proposed `{member}`, who is not on the roster"
+        ));
+    };
+    if let Some(s) = needed.iter().find(|s| !m.scopes.contains(s)) {
+        return Constrained::Refused(format!(
+            "the planner asked for scope `{s}`, beyond {}'s ceiling {:?}",
+            m.name, m.scopes
+        ));
+    }
+    let rules = &case.agency.approval;
+    let consequential =
+        rules.members.contains(&m.name) || needed.iter().any(|s| rules.scopes.contains(s));
+    if consequential && !case.approved {
+        return Constrained::NeedsApproval {
+            member: m.name.clone(),
+        };
+    }
+    Constrained::Go(Dispatch {
+        turn: case.turns + 1,
+        member: m.name.clone(),
+        skill: m.workflow.clone(),
+        task,
+        needed_scope: needed,
+    })
+}
+
+/// Appends the consequential move as waiting for approval.
+fn await_approval(
+    engine: &Engine,
+    case: &Case,
+    member: &str,
+    proposal: &Value,
+    key: &str,
+) -> Result<Turn, CaseError> {
+    append(
+        engine,
+        case,
+        key,
+        EventKind::Turn,
+        json!({ "decision": "awaiting_approval", "proposal": proposal }),
+    )?;
+    let case = reload(engine, &case.case_id)?;
+    let mut t = turn(
+        &case,
+        "awaiting_approval",
+        Some(format!("dispatching {member} needs approval")),
+        &format!("steward case approve {}", case.case_id),
+    );
+    t.approval_prompt = Some(prompt(&case, proposal));
+    log(
+        engine,
+        &case.agency.id,
+        &case.case_id,
+        "awaiting_approval",
+        t.approval_prompt.clone().unwrap_or_default(),
+    );
+    Ok(t)
+}
+
+fn refuse(engine: &Engine, case: &Case, why: String) -> Result<Turn, CaseError> {
+    log(
+        engine,
+        &case.agency.id,
+        &case.case_id,
+        "refused",
+        why.clone(),
+    );
+    let mut t = turn(
+        case,
+        "refused",
+        Some(why),
+        "fix the planner or the roster; the case did not advance",
+    );
+    t.turn = case.turns;
+    Ok(t)
+}
+
+fn prompt(case: &Case, proposal: &Value) -> String {
+    format!(
+        "Case {}: dispatch {} to \"{}\" needing {}? Approve with `steward case approve {}`.",
+        case.case_id,
+        proposal["member"].as_str().unwrap_or("?"),
+        proposal["task"].as_str().unwrap_or(""),
+        proposal["needed_scope"],
+        case.case_id
+    )
+}
+
+async fn ask_planner(case: &Case, cwd: &Path) -> Result<Value, String> {
+    let input = serde_json::to_vec(case).unwrap_or_default();
+    let timeout = Duration::from_secs(case.agency.planner_timeout_s.unwrap_or(60));
+    let out = crate::helper::run(&case.agency.planner, cwd, Some(&input), timeout).await?;
+    if out.code != 0 {
+        return Err(format!("exited with {}: {}", out.code, out.stderr.trim()));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value =
+        serde_json::from_str(text.trim()).map_err(|e| format!("the proposal is not JSON ({e})"))?;
+    if !v.is_object() {
+        return Err("the proposal is not a JSON object".into());
+    }
+    Ok(v)
+}
+
+/// A person's view of a turn.
+pub fn render(t: &Turn) -> String {
+    let mut s = format!("case {} turn {}: {}", t.case_id, t.turn, t.status);
+    if let Some(d) = &t.dispatch {
+        s.push_str(&format!(
+            "\n  dispatch: {} ({}) — {} [scope: {}]",
+            d.member,
+            d.skill,
+            d.task,
+            d.needed_scope.join(", ")
+        ));
+    }
+    if let Some(r) = &t.receipt {
+        s.push_str(&format!("\n  receipt: run {r}"));
+    }
+    if let Some(p) = &t.approval_prompt {
+        s.push_str(&format!("\n  approval: {p}"));
+    }
+    if let Some(r) = &t.reason {
+        s.push_str(&format!("\n  reason: {r}"));
+    }
+    if let Some(r) = &t.resolution {
+        s.push_str(&format!("\n  resolution: {r}"));
+    }
+    s.push_str(&format!(
+        "\n  predicates: {}\n  next: {}",
+        t.predicates, t.next
+    ));
+    s
+}
