@@ -78,12 +78,10 @@ pub fn load(
     let files = match toml_files(&root.join("agencies")) {
         Ok(files) => files,
         Err(e) => {
-            errors.push(ConfigError {
-                file: root.join("agencies").to_path_buf(),
-                line: 1,
-                column: 1,
-                message: format!("cannot read: {e}"),
-            });
+            errors.push(ConfigError::whole_file(
+                root.join("agencies").to_path_buf(),
+                format!("cannot read: {e}"),
+            ));
             Vec::new()
         }
     };
@@ -138,23 +136,16 @@ pub fn load(
         }
         if problems.is_empty() {
             if out.contains_key(&a.id) {
-                errors.push(ConfigError {
-                    file: file.clone(),
-                    line: 1,
-                    column: 1,
-                    message: format!("agency `{}` is defined twice", a.id),
-                });
+                errors.push(ConfigError::whole_file(
+                    file.clone(),
+                    format!("agency `{}` is defined twice", a.id),
+                ));
             } else {
                 out.insert(a.id.clone(), a);
             }
         } else {
             for p in problems {
-                errors.push(ConfigError {
-                    file: file.clone(),
-                    line: 1,
-                    column: 1,
-                    message: p,
-                });
+                errors.push(ConfigError::whole_file(file.clone(), p));
             }
         }
     }

@@ -215,14 +215,14 @@ pub fn load(
                 let mut seen = BTreeMap::new();
                 for s in raw.source {
                     if let Some(problem) = source_problem(&s) {
-                        errors.push(whole(
+                        errors.push(ConfigError::whole_file(
                             &sources_file,
-                            &format!("source `{}`: {problem}", s.name),
+                            format!("source `{}`: {problem}", s.name),
                         ));
                     } else if seen.insert(s.name.clone(), ()).is_some() {
-                        errors.push(whole(
+                        errors.push(ConfigError::whole_file(
                             &sources_file,
-                            &format!("source `{}` is defined twice", s.name),
+                            format!("source `{}` is defined twice", s.name),
                         ));
                     } else {
                         sources.push(s);
@@ -241,12 +241,10 @@ pub fn load(
     let files = match toml_files(&dir) {
         Ok(files) => files,
         Err(e) => {
-            errors.push(ConfigError {
-                file: dir.to_path_buf(),
-                line: 1,
-                column: 1,
-                message: format!("cannot read: {e}"),
-            });
+            errors.push(ConfigError::whole_file(
+                dir.to_path_buf(),
+                format!("cannot read: {e}"),
+            ));
             Vec::new()
         }
     };
@@ -259,9 +257,9 @@ pub fn load(
             }
         };
         if !valid_id(&raw.agent_name) {
-            errors.push(whole(
+            errors.push(ConfigError::whole_file(
                 &file,
-                &format!(
+                format!(
                     "agent_name `{}` is not allowed: use 1-64 of a-z, 0-9, `-`, `_`",
                     raw.agent_name
                 ),
@@ -282,7 +280,7 @@ pub fn load(
             file: file.clone(),
         };
         if agent.verify_loadbearing && agent.claims.verify.is_none() {
-            errors.push(whole(
+            errors.push(ConfigError::whole_file(
                 &file,
                 "verify_loadbearing = true needs [claims] verify = [\"command\", …]",
             ));
@@ -290,9 +288,9 @@ pub fn load(
         }
         if let Some(t) = &agent.overrides.template {
             if !root.join(t).is_file() {
-                errors.push(whole(
+                errors.push(ConfigError::whole_file(
                     &file,
-                    &format!(
+                    format!(
                         "digest_template_overrides.template: {} not found",
                         root.join(t).display()
                     ),
@@ -310,7 +308,7 @@ pub fn load(
                     catchup_window_s: Some(agent.expiry_days * 86_400),
                 };
                 if let Err(e) = crate::trigger::schedule::Schedule::parse(&s) {
-                    errors.push(whole(&file, &e));
+                    errors.push(ConfigError::whole_file(&file, &e));
                     continue;
                 }
                 Trigger::Schedule(s)
@@ -354,15 +352,6 @@ fn source_problem(s: &Source) -> Option<String> {
             }
             _ => None,
         },
-    }
-}
-
-fn whole(file: &Path, message: &str) -> ConfigError {
-    ConfigError {
-        file: file.to_path_buf(),
-        line: 1,
-        column: 1,
-        message: message.to_string(),
     }
 }
 

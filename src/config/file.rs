@@ -50,7 +50,7 @@ pub fn read_toml<T: serde::de::DeserializeOwned>(
 }
 
 pub(super) fn read_bytes(file: &Path) -> Result<Vec<u8>, ConfigError> {
-    std::fs::read(file).map_err(|e| whole_file_error(file, &format!("cannot read: {e}")))
+    std::fs::read(file).map_err(|e| ConfigError::whole_file(file, format!("cannot read: {e}")))
 }
 
 /// Parses TOML bytes; `file` only names them in errors.
@@ -58,8 +58,8 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(
     file: &Path,
     bytes: Vec<u8>,
 ) -> Result<(T, (String, Vec<u8>)), ConfigError> {
-    let text =
-        String::from_utf8(bytes.clone()).map_err(|_| whole_file_error(file, "not valid UTF-8"))?;
+    let text = String::from_utf8(bytes.clone())
+        .map_err(|_| ConfigError::whole_file(file, "not valid UTF-8"))?;
     let value = toml::from_str(&text).map_err(|e| {
         let (line, column) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
         ConfigError {
@@ -82,12 +82,15 @@ pub fn valid_id(name: &str) -> bool {
         && name.as_bytes()[0].is_ascii_alphanumeric()
 }
 
-pub(super) fn whole_file_error(file: &Path, message: &str) -> ConfigError {
-    ConfigError {
-        file: file.to_path_buf(),
-        line: 1,
-        column: 1,
-        message: message.to_string(),
+impl ConfigError {
+    /// An error about a file (or folder) as a whole, located at its start.
+    pub fn whole_file(file: impl Into<PathBuf>, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: file.into(),
+            line: 1,
+            column: 1,
+            message: message.into(),
+        }
     }
 }
 

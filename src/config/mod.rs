@@ -13,7 +13,6 @@ pub mod workflow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use file::whole_file_error;
 pub use file::{line_col, parse_toml, read_toml, toml_files, valid_id, ConfigError};
 pub use settings::{RetentionSettings, Settings, Smtp, SmtpSecurity};
 pub use workflow::{
@@ -89,14 +88,19 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
         }
     }
     if !root.is_dir() {
-        return Err(vec![whole_file_error(
+        return Err(vec![ConfigError::whole_file(
             root,
             "config folder not found (pass --config DIR or create it)",
         )]);
     }
     let files = match toml_files(&dir) {
         Ok(files) => files,
-        Err(e) => return Err(vec![whole_file_error(&dir, &format!("cannot read: {e}"))]),
+        Err(e) => {
+            return Err(vec![ConfigError::whole_file(
+                &dir,
+                format!("cannot read: {e}"),
+            )])
+        }
     };
     let mut origin: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut queues: BTreeMap<String, String> = BTreeMap::new();
@@ -104,9 +108,9 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
         match load_file(root, &file) {
             Ok(wf) => {
                 if let Some(first) = origin.get(&wf.id) {
-                    errors.push(whole_file_error(
+                    errors.push(ConfigError::whole_file(
                         &file,
-                        &format!(
+                        format!(
                             "duplicate workflow id `{}` (also in {})",
                             wf.id,
                             first.display()
@@ -116,9 +120,9 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
                 }
                 if let Trigger::Queue { queue } = &wf.trigger {
                     if let Some(other) = queues.insert(queue.clone(), wf.id.clone()) {
-                        errors.push(whole_file_error(
+                        errors.push(ConfigError::whole_file(
                             &file,
-                            &format!("queue `{queue}` is already consumed by workflow `{other}`: one workflow per queue"),
+                            format!("queue `{queue}` is already consumed by workflow `{other}`: one workflow per queue"),
                         ));
                         continue;
                     }
@@ -132,9 +136,9 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
     let (agents, sources, agent_workflows) = agent::load(root, &mut errors);
     for wf in agent_workflows {
         if let Some(other) = origin.get(&wf.id) {
-            errors.push(whole_file_error(
+            errors.push(ConfigError::whole_file(
                 &wf.file,
-                &format!(
+                format!(
                     "agent `{}` has the id of the workflow in {}: names must be unique",
                     wf.id,
                     other.display()
