@@ -36,6 +36,7 @@ pub mod agency;
 pub mod agent;
 pub mod api;
 pub mod budget;
+pub mod catchup;
 pub mod cli;
 pub mod config;
 pub mod containment;

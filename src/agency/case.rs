@@ -6,11 +6,28 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::{CaseError, EPS};
 use crate::config::agency::Agency;
 use crate::governed::Engine;
 use crate::redact::Redactor;
 use crate::runlog::Entry;
+use crate::runner::RunError;
+
+/// Float sums of cents drift; this close to a cap is at it.
+const EPS: f64 = 1e-9;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaseError {
+    #[error("version conflict on case {case}: another driver appended version {version} first; nothing was dispatched")]
+    Conflict { case: String, version: u64 },
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Engine(#[from] crate::governed::EngineError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("the member's run was not carried out: {0}")]
+    Run(#[from] RunError),
+}
 
 /// One sealed event of a case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

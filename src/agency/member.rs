@@ -5,25 +5,32 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::case::{append, log, reload, Case, Dispatch, EventKind, Receipt};
-use super::turn::{turn, Turn};
-use super::CaseError;
+use super::case::{append, log, reload, Case, CaseError, Dispatch, EventKind, Receipt};
 use crate::config::Config;
 use crate::governed::Fire;
 use crate::live::Ask;
 use crate::runner::{Job, Runner};
-use crate::store::RunState;
+use crate::store::{RunRecord, RunState};
 
 /// Runs the dispatched member as its own governed run through the runner (caps,
 /// overlap, forced dry-run and shutdown grace apply as to any run), capped by what the
 /// case has left, and records the receipt. A run that ended without a result of its own
 /// (interrupted, skipped) is recorded as unfinished and its dispatch stays pending.
+/// How the member's run went, and the case after its receipt.
+pub(super) struct MemberRun {
+    pub case: Case,
+    pub dispatch: Dispatch,
+    pub run: RunRecord,
+    /// Interrupted or skipped: the dispatch stays to be redone.
+    pub unfinished: bool,
+}
+
 pub(super) async fn run_member(
     runner: &Runner,
     config: &Config,
     case: Case,
     d: Dispatch,
-) -> Result<Turn, CaseError> {
+) -> Result<MemberRun, CaseError> {
     let engine = runner.engine();
     let mut wf = config.workflows.get(&d.skill).cloned().ok_or_else(|| {
         CaseError::Refused(format!(
@@ -79,26 +86,10 @@ pub(super) async fn run_member(
             d.turn, d.member, rec.run_id, rec.state
         ),
     );
-    let case = reload(engine, &case.case_id)?;
-    let mut t = if unfinished {
-        turn(
-            &case,
-            "needs_input",
-            Some(format!(
-                "{}'s run {} ended {} ({}): the turn is not done",
-                d.member, rec.run_id, rec.state, rec.reason
-            )),
-            "advance with --run to redo it",
-        )
-    } else {
-        turn(
-            &case,
-            "advanced",
-            Some(format!("{} ran: {} ({})", d.member, rec.state, rec.reason)),
-            "advance again",
-        )
-    };
-    t.dispatch = Some(d);
-    t.receipt = Some(rec.run_id);
-    Ok(t)
+    Ok(MemberRun {
+        case: reload(engine, &case.case_id)?,
+        dispatch: d,
+        run: rec,
+        unfinished,
+    })
 }

@@ -19,26 +19,6 @@ pub mod turn;
 
 pub use crate::config::agency::Agency;
 pub use case::{
-    approve, fold, load, open, verify_chain, Case, CaseStatus, Dispatch, Event, Receipt,
+    approve, fold, load, open, verify_chain, Case, CaseError, CaseStatus, Dispatch, Event, Receipt,
 };
-pub use turn::{advance, render, Proposal, Turn};
-
-use crate::runner::RunError;
-
-pub const SCHEMA: &str = "runx.agency.turn.v1";
-/// Float sums of cents drift; this close to a cap is at it.
-const EPS: f64 = 1e-9;
-
-#[derive(Debug, thiserror::Error)]
-pub enum CaseError {
-    #[error("version conflict on case {case}: another driver appended version {version} first; nothing was dispatched")]
-    Conflict { case: String, version: u64 },
-    #[error("{0}")]
-    Refused(String),
-    #[error(transparent)]
-    Engine(#[from] crate::governed::EngineError),
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-    #[error("the member's run was not carried out: {0}")]
-    Run(#[from] RunError),
-}
+pub use turn::{advance, render, Proposal, Turn, SCHEMA};

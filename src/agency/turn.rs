@@ -9,11 +9,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::case::CaseError;
 use super::case::{
     append, load, log, predicates, reload, Case, CaseStatus, Dispatch, EventKind, Receipt,
 };
-use super::member::run_member;
-use super::{CaseError, SCHEMA};
+use super::member::{run_member, MemberRun};
 use crate::config::Config;
 use crate::governed::Engine;
 use crate::runner::Runner;
@@ -34,6 +34,9 @@ pub struct Turn {
     /// The member run's id, when this turn ran it (`--run`).
     pub receipt: Option<String>,
 }
+
+/// The schema of the `agency_turn` object.
+pub const SCHEMA: &str = "runx.agency.turn.v1";
 
 /// The planner's proposal, read from its JSON.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,7 +85,7 @@ impl Proposal {
     }
 }
 
-pub(super) fn turn(case: &Case, status: &str, reason: Option<String>, next: &str) -> Turn {
+fn turn(case: &Case, status: &str, reason: Option<String>, next: &str) -> Turn {
     Turn {
         schema: SCHEMA.into(),
         status: status.into(),
@@ -133,7 +136,7 @@ pub async fn advance(
             return Ok(t);
         }
         // Run the dispatched member now (the turn event, the lease, is already there).
-        return run_member(runner, config, case, p).await;
+        return member_turn(run_member(runner, config, case, p).await?);
     }
     // The measurable gate comes before any judgment.
     if let Some(t) = over_limit(engine, &case, driver)? {
@@ -200,7 +203,7 @@ pub async fn advance(
             );
             let case = reload(engine, case_id)?;
             if run {
-                return run_member(runner, config, case, dispatch).await;
+                return member_turn(run_member(runner, config, case, dispatch).await?);
             }
             let mut t = turn(
                 &case,
@@ -220,6 +223,37 @@ pub async fn advance(
             format!("the planner proposed `{other}`: expected dispatch, resolve or escalate"),
         ),
     }
+}
+
+/// The turn a member's run makes.
+fn member_turn(m: MemberRun) -> Result<Turn, CaseError> {
+    let MemberRun {
+        case,
+        dispatch: d,
+        run: rec,
+        unfinished,
+    } = m;
+    let mut t = if unfinished {
+        turn(
+            &case,
+            "needs_input",
+            Some(format!(
+                "{}'s run {} ended {} ({}): the turn is not done",
+                d.member, rec.run_id, rec.state, rec.reason
+            )),
+            "advance with --run to redo it",
+        )
+    } else {
+        turn(
+            &case,
+            "advanced",
+            Some(format!("{} ran: {} ({})", d.member, rec.state, rec.reason)),
+            "advance again",
+        )
+    };
+    t.dispatch = Some(d);
+    t.receipt = Some(rec.run_id);
+    Ok(t)
 }
 
 fn no_case(case_id: &str) -> Turn {

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 use super::digest::{self, Failure, SourceStatus};
 use super::email;
 use super::feed::{self, Item};
+use super::output::{report, RunOutput};
 use super::seen::{Novelty, Seen};
-use super::{report, RunOutput};
 use crate::config::agent::{Agent, Source};
 use crate::config::Config;
 

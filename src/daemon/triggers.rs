@@ -14,17 +14,11 @@ use tokio_cron_scheduler::JobScheduler;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use crate::catchup;
 use crate::config::{Trigger, Workflow};
-use crate::drain;
 use crate::governed::Fire;
-use crate::live::Ask;
-use crate::runner::Job;
 use crate::store::RunState;
 use crate::trigger::{file, queue, schedule, webhook};
-
-/// Missed fires recorded one by one at start-up; beyond this they are only counted.
-const MAX_MISSED_RECORDS: usize = 100;
-const DEFAULT_STAGGER: Duration = Duration::from_secs(1);
 
 struct Task {
     cancel: CancellationToken,
@@ -443,127 +437,31 @@ impl Triggers {
     pub async fn catch_up_and_drain(&mut self) {
         let config = self.shared.config();
         let now = Utc::now();
-        let store = &self.shared.engine.store;
-        let marker_dir = drain::marker_dir(&config.vault());
-        let mut run_all: Vec<(String, DateTime<Utc>)> = Vec::new();
-        for wf in config.workflows.values() {
-            let Some(sched) = wf.schedule() else {
-                continue;
-            };
-            let last = match store.last_slot(&wf.id) {
-                Ok(Some(l)) => l,
-                Ok(None) => continue, // never fired: nothing can have been missed
-                Err(e) => {
-                    tracing::error!(workflow = %wf.id, "cannot read the last fired slot: {e}");
-                    continue;
-                }
-            };
-            let missed = sched.fires_between(last, now);
-            let Some(&newest) = missed.last() else {
-                continue;
-            };
-            let window = sched.window(now);
-            let fresh: Vec<DateTime<Utc>> = missed
-                .iter()
-                .copied()
-                .filter(|s| (now - *s).to_std().map_or(true, |age| age <= window))
-                .collect();
-            tracing::warn!(workflow = %wf.id, missed = missed.len(), within_window = fresh.len(), "fires missed while steward was down");
-            for slot in missed.iter().rev().take(MAX_MISSED_RECORDS) {
-                let fire = Fire::new("schedule", Some(*slot), json!({ "missed": true }));
-                let reason = format!("missed: steward was not running at {}", sched.local(*slot));
-                if let Err(e) = self.shared.engine.record_missed(wf, fire, reason) {
-                    tracing::error!(workflow = %wf.id, "cannot record a missed fire: {e}");
-                }
-            }
-            match sched.catchup {
-                schedule::Catchup::Latest => {
-                    if let Some(&slot) = fresh.last() {
-                        let date = slot.with_timezone(&sched.tz).date_naive();
-                        if let Err(e) = drain::write_marker(&marker_dir, &wf.id, date, slot) {
-                            tracing::error!(workflow = %wf.id, "cannot write the catch-up marker: {e}");
-                        }
-                    }
-                }
-                schedule::Catchup::All => run_all.extend(fresh.iter().map(|s| (wf.id.clone(), *s))),
-                schedule::Catchup::None => {}
-            }
-            if let Err(e) = store
-                .set_last_slot(&wf.id, newest)
-                .and_then(|_| store.flush())
-            {
-                tracing::error!(workflow = %wf.id, "cannot record the missed slots as handled: {e}");
-            }
+        let owed = catchup::missed_while_down(&self.shared.engine, &config, now);
+        // The same instant as the catch-up, so a marker it just wrote cannot expire.
+        let plan = catchup::plan(&config, now);
+        for (path, why) in &plan.kept {
+            tracing::warn!(marker = %path.display(), "queue marker left in place: {why}");
         }
-        self.drain(&marker_dir, run_all, now).await;
-    }
-
-    /// Works off the markers as of `now` (the same instant the catch-up used, so a marker
-    /// it just wrote cannot expire in between).
-    async fn drain(
-        &mut self,
-        marker_dir: &std::path::Path,
-        run_all: Vec<(String, DateTime<Utc>)>,
-        now: DateTime<Utc>,
-    ) {
-        let config = self.shared.config();
-        let (markers, bad) = drain::scan(marker_dir);
-        for (path, why) in &bad {
-            tracing::error!(marker = %path.display(), "queue marker left in place: {why}");
-        }
-        let windows = drain::windows(&config, now);
-        let plan = drain::plan(markers, |job| windows.get(job).copied(), now);
         for path in &plan.expired {
             tracing::info!(marker = %path.display(), "queue marker expired: deleted without running");
             let _ = std::fs::remove_file(path);
         }
-        for (path, why) in &plan.left {
-            tracing::warn!(marker = %path.display(), "queue marker left in place: {why}");
-        }
-        let stagger = config
-            .settings
-            .catchup_stagger_s
-            .map(|s| Duration::from_secs_f64(s.clamp(0.0, 3600.0)))
-            .unwrap_or(DEFAULT_STAGGER);
-        let mut fires: Vec<(String, DateTime<Utc>, Vec<std::path::PathBuf>)> = plan
-            .run
-            .into_iter()
-            .map(|(m, older)| {
-                let mut files = older;
-                files.push(m.path);
-                (m.job, m.scheduled_for, files)
-            })
-            .collect();
-        fires.extend(
-            run_all
-                .into_iter()
-                .map(|(job, slot)| (job, slot, Vec::new())),
-        );
-        for (i, (job, slot, files)) in fires.into_iter().enumerate() {
+        let stagger = catchup::stagger(&config);
+        for (i, due) in plan.due.into_iter().chain(owed).enumerate() {
             let shared = self.shared.clone();
             let delay = stagger * i as u32;
-            let gate = self.gates.entry(job.clone()).or_default().clone();
+            // The job's schedule waits for its catch-up to be handed over ("drain first").
+            let gate = self.gates.entry(due.job.clone()).or_default().clone();
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                let fire = Fire::new("schedule", Some(slot), json!({ "catchup": true }));
-                let Some(wf) = shared.workflow(&job) else {
+                let Some(wf) = shared.workflow(&due.job) else {
                     gate.cancel();
                     return;
                 };
-                let done = shared.runner.submit(Job::fire(wf, fire, Ask::Auto));
-                gate.cancel();
-                match done.await {
-                    Ok(Ok(rec))
-                        if !matches!(rec.state, RunState::Interrupted | RunState::Skipped) =>
-                    {
-                        for f in files {
-                            let _ = std::fs::remove_file(f);
-                        }
-                    }
-                    _ => tracing::warn!(
-                        job,
-                        "catch-up run did not finish: its markers stay for the next start"
-                    ),
+                let outcome = catchup::run_due(&shared.runner, wf, &due, || gate.cancel()).await;
+                if !matches!(&outcome, Ok(rec) if !catchup::left_undone(rec.state)) {
+                    tracing::warn!(job = %due.job, "catch-up run did not finish: its markers stay for the next start");
                 }
             });
         }

@@ -45,16 +45,10 @@ pub(super) async fn digest(service: &Service, agent: &str, preview: bool) -> Han
 /// Per job, runs the newest unexpired marker, then deletes it and the older ones;
 /// deletes expired markers unrun; reports and keeps unreadable ones.
 pub(super) async fn drain(service: &Service, dry_run: bool) -> Handled {
-    use crate::drain;
     let config = service.config()?;
-    let now = chrono::Utc::now();
-    let dir = drain::marker_dir(&config.vault());
-    let (markers, bad) = drain::scan(&dir);
-    let windows = drain::windows(&config, now);
-    let plan = drain::plan(markers, |job| windows.get(job).copied(), now);
-    let verb = |real: &str, would: &str| if dry_run { would } else { real }.to_string();
+    let plan = crate::catchup::plan(&config, chrono::Utc::now());
     let mut lines = Vec::new();
-    for (path, why) in bad.iter().chain(plan.left.iter()) {
+    for (path, why) in &plan.kept {
         lines.push(format!("kept {}: {why}", path.display()));
     }
     for path in &plan.expired {
@@ -62,51 +56,41 @@ pub(super) async fn drain(service: &Service, dry_run: bool) -> Handled {
             std::fs::remove_file(path)
                 .with_context(|| format!("cannot delete {}", path.display()))?;
         }
-        let done = verb("deleted", "would delete");
+        let done = if dry_run { "would delete" } else { "deleted" };
         lines.push(format!("{done} {} (expired)", path.display()));
     }
     let mut worst = 0;
-    for (marker, older) in plan.run {
-        let Ok(wf) = service.workflow(&config, &marker.job) else {
+    for due in &plan.due {
+        let Ok(wf) = service.workflow(&config, &due.job) else {
             continue;
         };
+        let marker = due.marker.as_deref().unwrap_or(std::path::Path::new(""));
         if dry_run {
             lines.push(format!(
                 "would run {} for {} (marker {}), then delete it and {} older",
                 wf.id,
-                marker.scheduled_for,
-                marker.path.display(),
-                older.len()
+                due.slot,
+                marker.display(),
+                due.files.len().saturating_sub(1)
             ));
             continue;
         }
-        let fire = Fire::new(
-            "schedule",
-            Some(marker.scheduled_for),
-            json!({ "catchup": true, "marker": marker.path }),
-        );
-        let rec = service
-            .runner
-            .run(Job::fire(wf.clone(), fire, Ask::Auto))
-            .await?;
+        let rec = crate::catchup::run_due(&service.runner, wf.clone(), due, || {}).await?;
         lines.push(format!(
             "ran {} for {}: {} ({})",
-            wf.id, marker.scheduled_for, rec.state, rec.run_id
+            wf.id, due.slot, rec.state, rec.run_id
         ));
         lines.extend(rec.summary.clone());
         worst = worst.max(rec.state.exit_code());
-        if matches!(rec.state, RunState::Interrupted | RunState::Skipped) {
+        if crate::catchup::left_undone(rec.state) {
             lines.push(format!(
                 "kept the markers of {}: its run ended {}",
                 wf.id, rec.state
             ));
-            continue;
-        }
-        for p in older.iter().chain(std::iter::once(&marker.path)) {
-            let _ = std::fs::remove_file(p);
         }
     }
     if lines.is_empty() {
+        let dir = crate::drain::marker_dir(&config.vault());
         lines.push(format!("no queue markers in {}", dir.display()));
     }
     Ok(Response::Drained(DrainReport {

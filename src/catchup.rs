@@ -1,0 +1,191 @@
+//! Catch-up: the fires missed while steward was down, and the drain of queue markers —
+//! carried out in one place for the daemon (at start-up, staggered) and for
+//! `steward drain` (one job after the other).
+//!
+//! At start-up each schedule's missed slots are recorded as `missed` runs; with
+//! `catchup = "latest"` a marker is left for the newest one inside the window, with
+//! `"all"` each slot in the window becomes a run of its own, with `"none"` nothing runs.
+//! The drain then groups markers by job, runs the newest unexpired one and deletes it and
+//! every older one once its run ended (a run that was interrupted or skipped keeps them
+//! for next time); expired markers are deleted unrun; unreadable ones are kept.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+
+use crate::config::{Config, Workflow};
+use crate::drain;
+use crate::governed::{Engine, Fire};
+use crate::live::Ask;
+use crate::runner::{Job, Outcome, Runner};
+use crate::store::RunState;
+use crate::trigger::schedule::Catchup;
+
+/// Missed fires recorded one by one at start-up; beyond this they are only counted.
+const MAX_MISSED_RECORDS: usize = 100;
+
+/// One run the catch-up owes: a job's slot, and the marker files its end settles.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Due {
+    pub job: String,
+    pub slot: DateTime<Utc>,
+    /// The marker that asked for the run, if one did.
+    pub marker: Option<PathBuf>,
+    /// Deleted once the run ended: the marker and the older ones of its job.
+    pub files: Vec<PathBuf>,
+}
+
+/// What the drain found in the marker folder.
+#[derive(Debug, Default)]
+pub struct Drain {
+    pub due: Vec<Due>,
+    /// Past their job's expiry: deleted without running.
+    pub expired: Vec<PathBuf>,
+    /// Left in place, with why (unreadable, unknown job).
+    pub kept: Vec<(PathBuf, String)>,
+}
+
+/// Plans the drain of `config`'s marker folder as of `now`.
+pub fn plan(config: &Config, now: DateTime<Utc>) -> Drain {
+    let dir = drain::marker_dir(&config.vault());
+    let (markers, mut kept) = drain::scan(&dir);
+    let windows = drain::windows(config, now);
+    let plan = drain::plan(markers, |job| windows.get(job).copied(), now);
+    kept.extend(plan.left);
+    let due = plan
+        .run
+        .into_iter()
+        .map(|(m, older)| {
+            let mut files = older;
+            files.push(m.path.clone());
+            Due {
+                job: m.job,
+                slot: m.scheduled_for,
+                marker: Some(m.path),
+                files,
+            }
+        })
+        .collect();
+    Drain {
+        due,
+        expired: plan.expired,
+        kept,
+    }
+}
+
+/// At start-up: records the fires each schedule missed while steward was down, leaves
+/// markers for them (`latest`), and returns the runs `catchup = "all"` owes.
+pub fn missed_while_down(engine: &Engine, config: &Config, now: DateTime<Utc>) -> Vec<Due> {
+    let marker_dir = drain::marker_dir(&config.vault());
+    let mut owed = Vec::new();
+    for wf in config.workflows.values() {
+        let Some(sched) = wf.schedule() else {
+            continue;
+        };
+        let last = match engine.store.last_slot(&wf.id) {
+            Ok(Some(l)) => l,
+            Ok(None) => continue, // never fired: nothing can have been missed
+            Err(e) => {
+                tracing::error!(workflow = %wf.id, "cannot read the last fired slot: {e}");
+                continue;
+            }
+        };
+        let missed = sched.fires_between(last, now);
+        let Some(&newest) = missed.last() else {
+            continue;
+        };
+        let window = sched.window(now);
+        let fresh: Vec<DateTime<Utc>> = missed
+            .iter()
+            .copied()
+            .filter(|s| (now - *s).to_std().map_or(true, |age| age <= window))
+            .collect();
+        tracing::warn!(workflow = %wf.id, missed = missed.len(), within_window = fresh.len(), "fires missed while steward was down");
+        record_missed(engine, wf, &missed, |slot| sched.local(slot));
+        match sched.catchup {
+            Catchup::Latest => {
+                if let Some(&slot) = fresh.last() {
+                    let date = slot.with_timezone(&sched.tz).date_naive();
+                    if let Err(e) = drain::write_marker(&marker_dir, &wf.id, date, slot) {
+                        tracing::error!(workflow = %wf.id, "cannot write the catch-up marker: {e}");
+                    }
+                }
+            }
+            Catchup::All => owed.extend(fresh.iter().map(|&slot| Due {
+                job: wf.id.clone(),
+                slot,
+                marker: None,
+                files: Vec::new(),
+            })),
+            Catchup::None => {}
+        }
+        if let Err(e) = engine
+            .store
+            .set_last_slot(&wf.id, newest)
+            .and_then(|_| engine.store.flush())
+        {
+            tracing::error!(workflow = %wf.id, "cannot record the missed slots as handled: {e}");
+        }
+    }
+    owed
+}
+
+fn record_missed(
+    engine: &Engine,
+    wf: &Workflow,
+    missed: &[DateTime<Utc>],
+    local: impl Fn(DateTime<Utc>) -> String,
+) {
+    for slot in missed.iter().rev().take(MAX_MISSED_RECORDS) {
+        let fire = Fire::new("schedule", Some(*slot), json!({ "missed": true }));
+        let why = format!("missed: steward was not running at {}", local(*slot));
+        if let Err(e) = engine.record_missed(wf, fire, why) {
+            tracing::error!(workflow = %wf.id, "cannot record a missed fire: {e}");
+        }
+    }
+}
+
+/// Runs one owed job through the runner, calling `submitted` once the runner has it, and
+/// deletes its marker files when the run ended (not when it was interrupted or skipped).
+pub async fn run_due(
+    runner: &Runner,
+    wf: Arc<Workflow>,
+    due: &Due,
+    submitted: impl FnOnce(),
+) -> Outcome {
+    let mut fields = json!({ "catchup": true });
+    if let Some(marker) = &due.marker {
+        fields["marker"] = json!(marker);
+    }
+    let fire = Fire::new("schedule", Some(due.slot), fields);
+    let done = runner.submit(Job::fire(wf, fire, Ask::Auto));
+    submitted();
+    let outcome = done
+        .await
+        .unwrap_or(Err(crate::runner::RunError::DroppedAtStop));
+    if let Ok(rec) = &outcome {
+        if !left_undone(rec.state) {
+            for f in &due.files {
+                let _ = std::fs::remove_file(f);
+            }
+        }
+    }
+    outcome
+}
+
+/// A run that did not do its job: its markers stay for next time.
+pub fn left_undone(state: RunState) -> bool {
+    matches!(state, RunState::Interrupted | RunState::Skipped)
+}
+
+/// How far apart start-up catch-up runs start.
+pub fn stagger(config: &Config) -> Duration {
+    config
+        .settings
+        .catchup_stagger_s
+        .map(|s| Duration::from_secs_f64(s.clamp(0.0, 3600.0)))
+        .unwrap_or(Duration::from_secs(1))
+}
