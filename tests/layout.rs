@@ -130,6 +130,17 @@ fn imports(mods: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>
             add(&sup, p);
         }
         if is_folder && name != "crate" {
+            // A folder module naming a child by a path of its own (`child::Item`).
+            let children: Vec<&String> = mods
+                .keys()
+                .filter(|m| m.rsplit_once("::").is_some_and(|(p, _)| p == name))
+                .collect();
+            for child in children {
+                let short = child.rsplit_once("::").map_or(child.as_str(), |(_, c)| c);
+                if !paths_after(&code, &format!("{short}::")).is_empty() {
+                    add(name, vec![short]);
+                }
+            }
             for line in code.lines() {
                 let l = line.trim_start().trim_start_matches("pub ");
                 if let Some(rest) = l.strip_prefix("use ") {

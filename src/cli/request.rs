@@ -4,7 +4,7 @@
 use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
 
-use super::{parse_json, parse_state, CaseCmd, Command, DeadLetterCmd, InDoubtCmd};
+use super::args::{parse_json, parse_state, CaseCmd, Command, DeadLetterCmd, InDoubtCmd};
 use crate::agency::Receipt;
 use crate::api::Request;
 

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio_cron_scheduler::JobScheduler;
 use tokio_util::sync::CancellationToken;
 
-use super::Shared;
+use super::shared::Shared;
 use crate::catchup;
 use crate::config::{Trigger, Workflow};
 use crate::governed::Fire;

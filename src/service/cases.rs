@@ -3,7 +3,7 @@
 use anyhow::anyhow;
 use serde_json::Value;
 
-use super::{Handled, Service};
+use super::context::{Handled, Service};
 use crate::agency::{self, CaseError, Receipt};
 use crate::api::{CaseRow, Response};
 

@@ -7,41 +7,14 @@
 //! [`Daemon`] trait, which the daemon implements: the service never imports the daemon.
 
 mod cases;
+mod context;
 mod runs;
 mod workflows;
 
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
-
-use serde_json::Value;
+use context::Handled;
+pub use context::{load_config, Daemon, Service};
 
 use crate::api::{Request, Response};
-use crate::config::{Config, ConfigError, Workflow};
-use crate::governed::Engine;
-use crate::runner::Runner;
-
-/// What the running daemon lends the service.
-pub trait Daemon: Send + Sync {
-    /// The config the daemon runs on now.
-    fn config(&self) -> Arc<Config>;
-    fn uptime(&self) -> Duration;
-    fn webhook_listen(&self) -> Option<String>;
-    /// Puts an item on a queue and wakes the queue's trigger.
-    fn enqueue(&self, queue: &str, payload: &Value) -> anyhow::Result<String>;
-}
-
-pub struct Service {
-    pub engine: Engine,
-    pub runner: Runner,
-    pub config_dir: PathBuf,
-    pub state_dir: PathBuf,
-    /// None in the CLI's own process.
-    pub daemon: Option<Arc<dyn Daemon>>,
-}
-
-/// A handler's result: the response, or an error for a person.
-type Handled = anyhow::Result<Response>;
 
 impl Service {
     /// Answers one request.
@@ -103,33 +76,4 @@ impl Service {
             R::CaseList => cases::list(self),
         }
     }
-
-    /// The config requests are answered against: the daemon's, or the folder's now.
-    pub fn config(&self) -> anyhow::Result<Arc<Config>> {
-        match &self.daemon {
-            Some(d) => Ok(d.config()),
-            None => Ok(Arc::new(load_config(&self.config_dir)?)),
-        }
-    }
-
-    fn workflow(&self, config: &Config, id: &str) -> anyhow::Result<Arc<Workflow>> {
-        Ok(Arc::new(
-            config.workflow(id).map_err(anyhow::Error::msg)?.clone(),
-        ))
-    }
-}
-
-/// Loads a config folder; every error is listed, with the hint to run `validate`.
-pub fn load_config(dir: &std::path::Path) -> anyhow::Result<Config> {
-    crate::config::load_dir(dir).map_err(|errors| config_errors(dir, &errors))
-}
-
-fn config_errors(dir: &std::path::Path, errors: &[ConfigError]) -> anyhow::Error {
-    let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-    anyhow::anyhow!(
-        "the config in {} has {} error(s); fix them (see `steward validate`):\n{}",
-        dir.display(),
-        errors.len(),
-        list.join("\n")
-    )
 }

@@ -4,7 +4,7 @@
 use anyhow::{anyhow, bail, Context};
 use serde_json::{json, Value};
 
-use super::{Handled, Service};
+use super::context::{Handled, Service};
 use crate::api::{DrainReport, Response};
 use crate::governed::Fire;
 use crate::live::Ask;
@@ -105,12 +105,10 @@ pub(super) fn list(
     state: Option<RunState>,
     limit: usize,
 ) -> Handled {
-    let runs = service.engine.store.runs(
-        |r| {
-            workflow.as_ref().is_none_or(|w| &r.workflow == w) && state.is_none_or(|s| r.state == s)
-        },
-        limit,
-    )?;
+    let keep = |r: &RunRecord| {
+        workflow.as_ref().is_none_or(|w| &r.workflow == w) && state.is_none_or(|s| r.state == s)
+    };
+    let runs = service.engine.store.runs(&keep, limit)?;
     Ok(Response::Runs { runs })
 }
 

@@ -4,7 +4,7 @@
 use anyhow::{anyhow, bail};
 use serde_json::Value;
 
-use super::{Handled, Service};
+use super::context::{Handled, Service};
 use crate::api::{Response, Status, WorkflowRow};
 use crate::config::Config;
 use crate::live::{self, Ask, Mode};

@@ -1,249 +1,23 @@
-//! The durable state: one sled database under `STATE/store`.
+//! The sled backend: one database under `STATE/store`.
 //!
 //! Trees: `runs` (run records), `active` (runs not yet terminal), `keys` (idempotency
 //! keys and their phase), `dead_letter` (full copies of failed, exhausted and stagnated
 //! runs), `review` (runs waiting for an operator), `approvals` (go-live approvals bound to
-//! a config hash), `meta`.
+//! a config hash), `meta` (last slots, retention counters), `case_events`.
 //!
 //! sled admits one process per folder and flushes on its own only every 500 ms, so the
-//! store is opened once and cloned, and [`Store::flush`] is called at every point that must
-//! survive a crash: before a maker starts, before a commit starts, after a commit.
-//! [`Store::open`] also recovers from a crash: runs left `running` become `interrupted`
-//! and their reserved keys become *in doubt*, which only an operator can settle.
+//! store is opened once and shared, and flushed at every point that must survive a crash.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde::{de::DeserializeOwned, Serialize};
 
-use crate::budget::Figures;
+use super::model::*;
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("state folder {} is in use by another steward process{} (a running daemon or `steward run`); stop it or wait for it to finish", .dir.display(), .holders)]
-    Locked { dir: PathBuf, holders: String },
-    #[error("cannot open the store in {path}: {source}")]
-    Open { path: PathBuf, source: sled::Error },
-    #[error("cannot lock state folder {path}: {source}")]
-    Lock {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("store error: {0}")]
-    Sled(#[from] sled::Error),
-    #[error("corrupt record in store tree `{tree}` at key `{key}`: {source}")]
-    Corrupt {
-        tree: &'static str,
-        key: String,
-        source: serde_json::Error,
-    },
-}
-
-pub type Result<T> = std::result::Result<T, StoreError>;
-
-static FLUSHES: AtomicU64 = AtomicU64::new(0);
-
-/// Durable flushes made by this process so far (what the benchmarks count per run).
-pub fn flush_count() -> u64 {
-    FLUSHES.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Where a run is, or how it ended. The seven terminal states of the workflow standard,
-/// plus `running` and `interrupted` (steward stopped or crashed while it ran).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RunState {
-    Running,
-    Success,
-    CleanNoOp,
-    Blocked,
-    ApprovalRequired,
-    Exhausted,
-    Stagnated,
-    Failed,
-    Interrupted,
-    /// A fire the overlap policy did not run (recorded, never silently dropped).
-    Skipped,
-    /// A scheduled slot that passed while steward was not running.
-    Missed,
-}
-
-impl RunState {
-    pub fn name(self) -> &'static str {
-        match self {
-            RunState::Running => "running",
-            RunState::Success => "success",
-            RunState::CleanNoOp => "clean-no-op",
-            RunState::Blocked => "blocked",
-            RunState::ApprovalRequired => "approval-required",
-            RunState::Exhausted => "exhausted",
-            RunState::Stagnated => "stagnated",
-            RunState::Failed => "failed",
-            RunState::Interrupted => "interrupted",
-            RunState::Skipped => "skipped",
-            RunState::Missed => "missed",
-        }
-    }
-
-    /// States that land in the dead-letter queue.
-    pub fn dead_letters(self) -> bool {
-        matches!(
-            self,
-            RunState::Failed | RunState::Exhausted | RunState::Stagnated
-        )
-    }
-
-    /// The process exit code `steward run` reports for this state.
-    pub fn exit_code(self) -> i32 {
-        match self {
-            RunState::Success | RunState::CleanNoOp => 0,
-            RunState::ApprovalRequired => 3,
-            RunState::Blocked => 4,
-            RunState::Failed => 5,
-            RunState::Exhausted => 6,
-            RunState::Stagnated => 7,
-            RunState::Interrupted | RunState::Running => 8,
-            RunState::Skipped | RunState::Missed => 9,
-        }
-    }
-}
-
-impl std::fmt::Display for RunState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The verify step's verdict as recorded.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct VerifyRecord {
-    pub verdict: String,
-    pub reason: String,
-    pub confidence: Option<String>,
-    pub output: Option<serde_json::Value>,
-}
-
-/// One attempt of a run, in brief.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AttemptRecord {
-    pub attempt: u32,
-    pub state: RunState,
-    pub reason: String,
-    pub figures: Figures,
-}
-
-/// Everything known about one run: the full context a dead-letter entry needs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunRecord {
-    pub run_id: String,
-    pub workflow: String,
-    pub config_hash: String,
-    pub state: RunState,
-    /// Why it ended as it did, for a person.
-    pub reason: String,
-    pub dry_run: bool,
-    pub committed: bool,
-    pub attempt: u32,
-    pub idempotency_key: Option<String>,
-    pub trigger: serde_json::Value,
-    pub started_at: DateTime<Utc>,
-    pub ended_at: Option<DateTime<Utc>>,
-    pub figures: Figures,
-    /// The breached cap and figures, e.g. `tokens 20412/20000`.
-    pub breach: Option<String>,
-    pub output: Option<serde_json::Value>,
-    pub verify: Option<VerifyRecord>,
-    pub commit_output: Option<serde_json::Value>,
-    /// Last lines of stderr per step.
-    pub stderr: std::collections::BTreeMap<String, String>,
-    pub notes: Vec<String>,
-    pub attempts: Vec<AttemptRecord>,
-    /// The dead-lettered run this one retries.
-    pub retry_of: Option<String>,
-    /// A digest agent's summary line (step 12).
-    #[serde(default)]
-    pub summary: Option<String>,
-    /// Why the run was dry (none for a live run): the runner's decision, in words.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dry_run_reason: Option<String>,
-}
-
-/// Where an idempotency key stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KeyPhase {
-    /// A live run holds it; its maker may be running.
-    Reserved,
-    /// Verify escalated; an operator decides.
-    AwaitingApproval,
-    /// The commit step has started.
-    Committing,
-    /// Committed (or ended clean-no-op): a re-fire is a clean-no-op.
-    Committed,
-    /// Found reserved or committing after a crash: never committed again without an operator.
-    InDoubt,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KeyRecord {
-    pub workflow: String,
-    pub key: String,
-    pub run_id: String,
-    pub phase: KeyPhase,
-    /// For an in-doubt key: the phase it was found in (`committing` means the commit may
-    /// have happened; `reserved` means the commit step never started).
-    pub found_in: Option<KeyPhase>,
-    pub updated_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeadLetter {
-    pub run: RunRecord,
-    pub dead_lettered_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Approval {
-    pub workflow: String,
-    pub config_hash: String,
-    pub approved_at: DateTime<Utc>,
-    pub approved_by: String,
-}
-
-/// What [`Store::open`] found left over from a crash.
-#[derive(Debug, Default, Clone)]
-pub struct Recovery {
-    pub interrupted_runs: Vec<String>,
-    pub keys_in_doubt: Vec<KeyRecord>,
-}
-
-/// How many finished run records the store keeps. Dead letters keep their own copy of
-/// the run, and runs still running or awaiting review are never pruned.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Retention {
-    /// At most this many run records (newest kept).
-    pub runs: usize,
-    /// And none older than this many days.
-    pub days: u32,
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        Retention {
-            runs: 10_000,
-            days: 30,
-        }
-    }
-}
-
-/// Finished runs recorded between two retention sweeps: a sweep reads every run key, so
-/// it runs now and then, not per run.
-const PRUNE_EVERY: u64 = 1_000;
-
-#[derive(Clone)]
-pub struct Store {
+pub struct SledStore {
     /// steward's own lock on the state folder, held as long as any handle lives.
     _lock: Arc<nix::fcntl::Flock<std::fs::File>>,
     db: sled::Db,
@@ -324,9 +98,9 @@ fn lock_state_dir(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> 
     }
 }
 
-impl Store {
+impl SledStore {
     /// Opens (creating) the store under `state_dir` and recovers from any crash.
-    pub fn open(state_dir: &Path) -> Result<(Store, Recovery)> {
+    pub fn open(state_dir: &Path) -> Result<(SledStore, Recovery)> {
         let lock = lock_state_dir(state_dir)?;
         let path = state_dir.join("store");
         let db = sled::Config::new()
@@ -337,7 +111,7 @@ impl Store {
                 path: path.clone(),
                 source: e,
             })?;
-        let store = Store {
+        let store = SledStore {
             _lock: Arc::new(lock),
             retention: Arc::default(),
             finished_since_prune: Arc::default(),
@@ -353,13 +127,6 @@ impl Store {
         };
         let recovery = store.recover()?;
         Ok((store, recovery))
-    }
-
-    /// Makes everything written so far durable.
-    pub fn flush(&self) -> Result<()> {
-        FLUSHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.db.flush()?;
-        Ok(())
     }
 
     fn recover(&self) -> Result<Recovery> {
@@ -400,10 +167,31 @@ impl Store {
         Ok(())
     }
 
-    // ---- runs ----
+    // ---- agency case events ----
+    fn case_key(case: &str, version: u64) -> Vec<u8> {
+        let mut k = case.as_bytes().to_vec();
+        k.push(0);
+        k.extend_from_slice(&version.to_be_bytes());
+        k
+    }
 
-    /// Writes a run record; a `running` run is also listed as active for crash recovery.
-    pub fn put_run(&self, run: &RunRecord) -> Result<()> {
+    // ---- idempotency keys ----
+    fn key_id(workflow: &str, key: &str) -> Vec<u8> {
+        let mut k = workflow.as_bytes().to_vec();
+        k.push(0);
+        k.extend_from_slice(key.as_bytes());
+        k
+    }
+}
+
+impl Backend for SledStore {
+    fn flush(&self) -> Result<()> {
+        FLUSHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn put_run(&self, run: &RunRecord) -> Result<()> {
         self.put(&self.runs, &run.run_id, run)?;
         if run.state == RunState::Running {
             self.active.insert(run.run_id.as_bytes(), &[])?;
@@ -417,14 +205,11 @@ impl Store {
         Ok(())
     }
 
-    /// Sets how many run records are kept; takes effect at the next sweep.
-    pub fn set_retention(&self, retention: Retention) {
+    fn set_retention(&self, retention: Retention) {
         *self.retention.lock().unwrap_or_else(|p| p.into_inner()) = retention;
     }
 
-    /// Deletes run records beyond the retention (the oldest first); returns how many.
-    /// Called every [`PRUNE_EVERY`] finished runs and at daemon start.
-    pub fn prune_runs(&self, now: DateTime<Utc>) -> Result<usize> {
+    fn prune_runs(&self, now: DateTime<Utc>) -> Result<usize> {
         let retention = *self.retention.lock().unwrap_or_else(|p| p.into_inner());
         // Run ids start with their start time, so key order is age order.
         let cutoff = (now - chrono::Duration::days(i64::from(retention.days)))
@@ -450,16 +235,11 @@ impl Store {
         Ok(doomed.len())
     }
 
-    pub fn run(&self, id: &str) -> Result<Option<RunRecord>> {
+    fn run(&self, id: &str) -> Result<Option<RunRecord>> {
         get(&self.runs, "runs", id)
     }
 
-    /// Newest first. Run ids start with their start time, so key order is time order.
-    pub fn runs(
-        &self,
-        mut keep: impl FnMut(&RunRecord) -> bool,
-        limit: usize,
-    ) -> Result<Vec<RunRecord>> {
+    fn runs(&self, keep: &dyn Fn(&RunRecord) -> bool, limit: usize) -> Result<Vec<RunRecord>> {
         let mut out = Vec::new();
         for item in self.runs.iter().rev() {
             let (k, v) = item?;
@@ -474,28 +254,15 @@ impl Store {
         Ok(out)
     }
 
-    // ---- schedules ----
-
-    /// The last slot a schedule fired (or handled as missed).
-    pub fn last_slot(&self, workflow: &str) -> Result<Option<DateTime<Utc>>> {
+    fn last_slot(&self, workflow: &str) -> Result<Option<DateTime<Utc>>> {
         get(&self.meta, "meta", &format!("last_slot/{workflow}"))
     }
 
-    pub fn set_last_slot(&self, workflow: &str, slot: DateTime<Utc>) -> Result<()> {
+    fn set_last_slot(&self, workflow: &str, slot: DateTime<Utc>) -> Result<()> {
         self.put(&self.meta, &format!("last_slot/{workflow}"), &slot)
     }
 
-    // ---- agency case events ----
-
-    fn case_key(case: &str, version: u64) -> Vec<u8> {
-        let mut k = case.as_bytes().to_vec();
-        k.push(0);
-        k.extend_from_slice(&version.to_be_bytes());
-        k
-    }
-
-    /// The raw events of a case, in version order.
-    pub fn case_events(&self, case: &str) -> Result<Vec<(u64, Vec<u8>)>> {
+    fn case_events(&self, case: &str) -> Result<Vec<(u64, Vec<u8>)>> {
         let mut prefix = case.as_bytes().to_vec();
         prefix.push(0);
         self.case_events
@@ -509,9 +276,7 @@ impl Store {
             .collect()
     }
 
-    /// Appends event `version` of a case only if that version is free (compare-and-swap):
-    /// Ok(false) is a version conflict, someone else appended first. Flushed when Ok(true).
-    pub fn append_case_event(&self, case: &str, version: u64, event: &[u8]) -> Result<bool> {
+    fn append_case_event(&self, case: &str, version: u64, event: &[u8]) -> Result<bool> {
         let key = Self::case_key(case, version);
         match self
             .case_events
@@ -525,21 +290,13 @@ impl Store {
         }
     }
 
-    /// Overwrites a stored event as is. Only for tests of tamper detection.
-    #[doc(hidden)]
-    pub fn overwrite_case_event_for_tests(
-        &self,
-        case: &str,
-        version: u64,
-        event: &[u8],
-    ) -> Result<()> {
+    fn overwrite_case_event_for_tests(&self, case: &str, version: u64, event: &[u8]) -> Result<()> {
         self.case_events
             .insert(Self::case_key(case, version), event)?;
         self.flush()
     }
 
-    /// Every case id with at least one event.
-    pub fn case_ids(&self) -> Result<Vec<String>> {
+    fn case_ids(&self) -> Result<Vec<String>> {
         let mut out: Vec<String> = Vec::new();
         for item in self.case_events.iter().keys() {
             let k = item?;
@@ -551,16 +308,7 @@ impl Store {
         Ok(out)
     }
 
-    // ---- idempotency keys ----
-
-    fn key_id(workflow: &str, key: &str) -> Vec<u8> {
-        let mut k = workflow.as_bytes().to_vec();
-        k.push(0);
-        k.extend_from_slice(key.as_bytes());
-        k
-    }
-
-    pub fn key(&self, workflow: &str, key: &str) -> Result<Option<KeyRecord>> {
+    fn key(&self, workflow: &str, key: &str) -> Result<Option<KeyRecord>> {
         let id = Self::key_id(workflow, key);
         match self.keys.get(&id)? {
             Some(v) => Ok(Some(decode("keys", &id, &v)?)),
@@ -568,7 +316,7 @@ impl Store {
         }
     }
 
-    pub fn set_key(&self, workflow: &str, key: &str, run_id: &str, phase: KeyPhase) -> Result<()> {
+    fn set_key(&self, workflow: &str, key: &str, run_id: &str, phase: KeyPhase) -> Result<()> {
         let rec = KeyRecord {
             workflow: workflow.to_string(),
             key: key.to_string(),
@@ -582,14 +330,12 @@ impl Store {
         Ok(())
     }
 
-    /// Frees a key so the next fire may run (failed, exhausted, stagnated, rejected, released).
-    pub fn release_key(&self, workflow: &str, key: &str) -> Result<()> {
+    fn release_key(&self, workflow: &str, key: &str) -> Result<()> {
         self.keys.remove(Self::key_id(workflow, key))?;
         Ok(())
     }
 
-    /// Reserves a key for a live run, atomically: fails with the current record if taken.
-    pub fn reserve_key(
+    fn reserve_key(
         &self,
         workflow: &str,
         key: &str,
@@ -616,7 +362,7 @@ impl Store {
         }
     }
 
-    pub fn keys_in_doubt(&self) -> Result<Vec<KeyRecord>> {
+    fn keys_in_doubt(&self) -> Result<Vec<KeyRecord>> {
         let mut out = Vec::new();
         for item in self.keys.iter() {
             let (k, v) = item?;
@@ -628,9 +374,7 @@ impl Store {
         Ok(out)
     }
 
-    // ---- dead letter ----
-
-    pub fn dead_letter(&self, run: &RunRecord) -> Result<()> {
+    fn dead_letter(&self, run: &RunRecord) -> Result<()> {
         let entry = DeadLetter {
             run: run.clone(),
             dead_lettered_at: Utc::now(),
@@ -638,34 +382,32 @@ impl Store {
         self.put(&self.dead_letter, &run.run_id, &entry)
     }
 
-    pub fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
+    fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
         all(&self.dead_letter, "dead_letter")
     }
 
-    pub fn dead_letter_entry(&self, run_id: &str) -> Result<Option<DeadLetter>> {
+    fn dead_letter_entry(&self, run_id: &str) -> Result<Option<DeadLetter>> {
         get(&self.dead_letter, "dead_letter", run_id)
     }
 
-    pub fn remove_dead_letter(&self, run_id: &str) -> Result<bool> {
+    fn remove_dead_letter(&self, run_id: &str) -> Result<bool> {
         Ok(self.dead_letter.remove(run_id.as_bytes())?.is_some())
     }
 
-    // ---- review queue ----
-
-    pub fn queue_review(&self, run_id: &str) -> Result<()> {
+    fn queue_review(&self, run_id: &str) -> Result<()> {
         self.review.insert(run_id.as_bytes(), encode(&Utc::now()))?;
         Ok(())
     }
 
-    pub fn in_review(&self, run_id: &str) -> Result<bool> {
+    fn in_review(&self, run_id: &str) -> Result<bool> {
         Ok(self.review.contains_key(run_id.as_bytes())?)
     }
 
-    pub fn remove_review(&self, run_id: &str) -> Result<bool> {
+    fn remove_review(&self, run_id: &str) -> Result<bool> {
         Ok(self.review.remove(run_id.as_bytes())?.is_some())
     }
 
-    pub fn review_queue(&self) -> Result<Vec<String>> {
+    fn review_queue(&self) -> Result<Vec<String>> {
         self.review
             .iter()
             .keys()
@@ -673,17 +415,15 @@ impl Store {
             .collect()
     }
 
-    // ---- go-live approvals ----
-
-    pub fn approval(&self, workflow: &str) -> Result<Option<Approval>> {
+    fn approval(&self, workflow: &str) -> Result<Option<Approval>> {
         get(&self.approvals, "approvals", workflow)
     }
 
-    pub fn approve_go_live(&self, approval: &Approval) -> Result<()> {
+    fn approve_go_live(&self, approval: &Approval) -> Result<()> {
         self.put(&self.approvals, &approval.workflow, approval)
     }
 
-    pub fn revoke_go_live(&self, workflow: &str) -> Result<bool> {
+    fn revoke_go_live(&self, workflow: &str) -> Result<bool> {
         Ok(self.approvals.remove(workflow.as_bytes())?.is_some())
     }
 }
@@ -720,6 +460,8 @@ fn all<T: DeserializeOwned>(tree: &sled::Tree, name: &'static str) -> Result<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::Figures;
+    use crate::store::Store;
 
     fn record(run_id: String, state: RunState) -> RunRecord {
         RunRecord {
@@ -775,7 +517,7 @@ mod tests {
         store.set_retention(Retention { runs: 12, days: 30 });
         let pruned = store.prune_runs(now).unwrap();
         let left: Vec<String> = store
-            .runs(|_| true, usize::MAX)
+            .runs(&|_| true, usize::MAX)
             .unwrap()
             .into_iter()
             .map(|r| r.run_id)
@@ -791,6 +533,6 @@ mod tests {
             days: 0,
         });
         store.prune_runs(now + chrono::Duration::hours(1)).unwrap();
-        assert_eq!(store.runs(|_| true, usize::MAX).unwrap().len(), 2);
+        assert_eq!(store.runs(&|_| true, usize::MAX).unwrap().len(), 2);
     }
 }

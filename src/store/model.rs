@@ -1,0 +1,316 @@
+//! What the store holds — run records and their states, idempotency keys, dead letters,
+//! approvals, the retention policy — and [`Backend`], the operations on it.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::budget::Figures;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state folder {} is in use by another steward process{} (a running daemon or `steward run`); stop it or wait for it to finish", .dir.display(), .holders)]
+    Locked { dir: PathBuf, holders: String },
+    #[error("cannot open the store in {path}: {source}")]
+    Open { path: PathBuf, source: sled::Error },
+    #[error("cannot lock state folder {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("store error: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("corrupt record in store tree `{tree}` at key `{key}`: {source}")]
+    Corrupt {
+        tree: &'static str,
+        key: String,
+        source: serde_json::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+pub(crate) static FLUSHES: AtomicU64 = AtomicU64::new(0);
+
+/// Durable flushes made by this process so far (what the benchmarks count per run).
+pub fn flush_count() -> u64 {
+    FLUSHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Where a run is, or how it ended. The seven terminal states of the workflow standard,
+/// plus `running` and `interrupted` (steward stopped or crashed while it ran).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunState {
+    Running,
+    Success,
+    CleanNoOp,
+    Blocked,
+    ApprovalRequired,
+    Exhausted,
+    Stagnated,
+    Failed,
+    Interrupted,
+    /// A fire the overlap policy did not run (recorded, never silently dropped).
+    Skipped,
+    /// A scheduled slot that passed while steward was not running.
+    Missed,
+}
+
+impl RunState {
+    pub fn name(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Success => "success",
+            RunState::CleanNoOp => "clean-no-op",
+            RunState::Blocked => "blocked",
+            RunState::ApprovalRequired => "approval-required",
+            RunState::Exhausted => "exhausted",
+            RunState::Stagnated => "stagnated",
+            RunState::Failed => "failed",
+            RunState::Interrupted => "interrupted",
+            RunState::Skipped => "skipped",
+            RunState::Missed => "missed",
+        }
+    }
+
+    /// States that land in the dead-letter queue.
+    pub fn dead_letters(self) -> bool {
+        matches!(
+            self,
+            RunState::Failed | RunState::Exhausted | RunState::Stagnated
+        )
+    }
+
+    /// The process exit code `steward run` reports for this state.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            RunState::Success | RunState::CleanNoOp => 0,
+            RunState::ApprovalRequired => 3,
+            RunState::Blocked => 4,
+            RunState::Failed => 5,
+            RunState::Exhausted => 6,
+            RunState::Stagnated => 7,
+            RunState::Interrupted | RunState::Running => 8,
+            RunState::Skipped | RunState::Missed => 9,
+        }
+    }
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The verify step's verdict as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerifyRecord {
+    pub verdict: String,
+    pub reason: String,
+    pub confidence: Option<String>,
+    pub output: Option<serde_json::Value>,
+}
+
+/// One attempt of a run, in brief.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub attempt: u32,
+    pub state: RunState,
+    pub reason: String,
+    pub figures: Figures,
+}
+
+/// Everything known about one run: the full context a dead-letter entry needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub workflow: String,
+    pub config_hash: String,
+    pub state: RunState,
+    /// Why it ended as it did, for a person.
+    pub reason: String,
+    pub dry_run: bool,
+    pub committed: bool,
+    pub attempt: u32,
+    pub idempotency_key: Option<String>,
+    pub trigger: serde_json::Value,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub figures: Figures,
+    /// The breached cap and figures, e.g. `tokens 20412/20000`.
+    pub breach: Option<String>,
+    pub output: Option<serde_json::Value>,
+    pub verify: Option<VerifyRecord>,
+    pub commit_output: Option<serde_json::Value>,
+    /// Last lines of stderr per step.
+    pub stderr: std::collections::BTreeMap<String, String>,
+    pub notes: Vec<String>,
+    pub attempts: Vec<AttemptRecord>,
+    /// The dead-lettered run this one retries.
+    pub retry_of: Option<String>,
+    /// A digest agent's summary line (step 12).
+    #[serde(default)]
+    pub summary: Option<String>,
+    /// Why the run was dry (none for a live run): the runner's decision, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run_reason: Option<String>,
+}
+
+/// Where an idempotency key stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyPhase {
+    /// A live run holds it; its maker may be running.
+    Reserved,
+    /// Verify escalated; an operator decides.
+    AwaitingApproval,
+    /// The commit step has started.
+    Committing,
+    /// Committed (or ended clean-no-op): a re-fire is a clean-no-op.
+    Committed,
+    /// Found reserved or committing after a crash: never committed again without an operator.
+    InDoubt,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    pub workflow: String,
+    pub key: String,
+    pub run_id: String,
+    pub phase: KeyPhase,
+    /// For an in-doubt key: the phase it was found in (`committing` means the commit may
+    /// have happened; `reserved` means the commit step never started).
+    pub found_in: Option<KeyPhase>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    pub run: RunRecord,
+    pub dead_lettered_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Approval {
+    pub workflow: String,
+    pub config_hash: String,
+    pub approved_at: DateTime<Utc>,
+    pub approved_by: String,
+}
+
+/// What [`Store::open`] found left over from a crash.
+#[derive(Debug, Default, Clone)]
+pub struct Recovery {
+    pub interrupted_runs: Vec<String>,
+    pub keys_in_doubt: Vec<KeyRecord>,
+}
+
+/// How many finished run records the store keeps. Dead letters keep their own copy of
+/// the run, and runs still running or awaiting review are never pruned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retention {
+    /// At most this many run records (newest kept).
+    pub runs: usize,
+    /// And none older than this many days.
+    pub days: u32,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            runs: 10_000,
+            days: 30,
+        }
+    }
+}
+
+/// Finished runs recorded between two retention sweeps: a sweep reads every run key, so
+/// it runs now and then, not per run.
+pub(crate) const PRUNE_EVERY: u64 = 1_000;
+
+/// Everything steward keeps, as operations. Implemented by [`sled_store::SledStore`].
+pub trait Backend: Send + Sync {
+    /// Makes everything written so far durable.
+    fn flush(&self) -> Result<()>;
+
+    // ---- runs ----
+    /// Writes a run record; a `running` run is also listed as active for crash recovery.
+    fn put_run(&self, run: &RunRecord) -> Result<()>;
+
+    /// Sets how many run records are kept; takes effect at the next sweep.
+    fn set_retention(&self, retention: Retention);
+
+    /// Deletes run records beyond the retention (the oldest first); returns how many.
+    /// Called every [`PRUNE_EVERY`] finished runs and at daemon start.
+    fn prune_runs(&self, now: DateTime<Utc>) -> Result<usize>;
+
+    fn run(&self, id: &str) -> Result<Option<RunRecord>>;
+
+    /// Newest first. Run ids start with their start time, so key order is time order.
+    fn runs(&self, keep: &dyn Fn(&RunRecord) -> bool, limit: usize) -> Result<Vec<RunRecord>>;
+
+    // ---- schedules ----
+    /// The last slot a schedule fired (or handled as missed).
+    fn last_slot(&self, workflow: &str) -> Result<Option<DateTime<Utc>>>;
+
+    fn set_last_slot(&self, workflow: &str, slot: DateTime<Utc>) -> Result<()>;
+
+    /// The raw events of a case, in version order.
+    fn case_events(&self, case: &str) -> Result<Vec<(u64, Vec<u8>)>>;
+
+    /// Appends event `version` of a case only if that version is free (compare-and-swap):
+    /// Ok(false) is a version conflict, someone else appended first. Flushed when Ok(true).
+    fn append_case_event(&self, case: &str, version: u64, event: &[u8]) -> Result<bool>;
+
+    /// Overwrites a stored event as is. Only for tests of tamper detection.
+    #[doc(hidden)]
+    fn overwrite_case_event_for_tests(&self, case: &str, version: u64, event: &[u8]) -> Result<()>;
+
+    /// Every case id with at least one event.
+    fn case_ids(&self) -> Result<Vec<String>>;
+
+    fn key(&self, workflow: &str, key: &str) -> Result<Option<KeyRecord>>;
+
+    fn set_key(&self, workflow: &str, key: &str, run_id: &str, phase: KeyPhase) -> Result<()>;
+
+    /// Frees a key so the next fire may run (failed, exhausted, stagnated, rejected, released).
+    fn release_key(&self, workflow: &str, key: &str) -> Result<()>;
+
+    /// Reserves a key for a live run, atomically: fails with the current record if taken.
+    fn reserve_key(
+        &self,
+        workflow: &str,
+        key: &str,
+        run_id: &str,
+    ) -> Result<std::result::Result<(), KeyRecord>>;
+
+    fn keys_in_doubt(&self) -> Result<Vec<KeyRecord>>;
+
+    // ---- dead letter ----
+    fn dead_letter(&self, run: &RunRecord) -> Result<()>;
+
+    fn dead_letters(&self) -> Result<Vec<DeadLetter>>;
+
+    fn dead_letter_entry(&self, run_id: &str) -> Result<Option<DeadLetter>>;
+
+    fn remove_dead_letter(&self, run_id: &str) -> Result<bool>;
+
+    // ---- review queue ----
+    fn queue_review(&self, run_id: &str) -> Result<()>;
+
+    fn in_review(&self, run_id: &str) -> Result<bool>;
+
+    fn remove_review(&self, run_id: &str) -> Result<bool>;
+
+    fn review_queue(&self) -> Result<Vec<String>>;
+
+    // ---- go-live approvals ----
+    fn approval(&self, workflow: &str) -> Result<Option<Approval>>;
+
+    fn approve_go_live(&self, approval: &Approval) -> Result<()>;
+
+    fn revoke_go_live(&self, workflow: &str) -> Result<bool>;
+}
