@@ -489,3 +489,25 @@ fn a_broken_agent_config_names_file_and_line() {
     assert!(out.stderr.contains("noop-test-agent.toml:2:"), "{out}");
     assert!(out.stderr.contains("unknown variant `hourly`"), "{out}");
 }
+
+/// A digest run works from the config it was fired with: a file broken after the daemon
+/// loaded its config does not break the agent's steps (they used to reload the folder).
+#[test]
+fn an_agent_run_by_the_daemon_is_not_broken_by_an_unrelated_bad_file() {
+    let env = Env::new();
+    setup(&env, &file_source("gh", "rss.xml"), NOOP_AGENT, "");
+    let _d = env.daemon(&[]);
+    std::fs::write(
+        env.config.join("workflows/broken.toml"),
+        "id = \"broken\"\nthis is not toml\n",
+    )
+    .unwrap();
+    let run = env.steward(&["digest", "noop-test-agent"]);
+    assert_eq!(run.code, 0, "{run}");
+    let line = summary(&run);
+    assert!(line.contains("new_items=2"), "{line}");
+    assert!(
+        digest_path(&env, "daily", "noop-test-agent").exists(),
+        "{run}"
+    );
+}

@@ -161,7 +161,13 @@ fn agent_step(config: &Path, state: &Path, step: &str, agent: &str) -> Result<i3
     std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)?;
     let ctx: serde_json::Value =
         serde_json::from_str(&input).context("the run context on stdin is not JSON")?;
-    let cfg = crate::service::load_config(&config_dir)?;
+    // The config the run was fired with; a hand run without one reads the folder.
+    let cfg = match std::env::var(config::AGENT_SNAPSHOT_ENV) {
+        Ok(text) => serde_json::from_str::<config::AgentSnapshot>(&text)
+            .context("the agent's config snapshot is unreadable")?
+            .into_config(),
+        Err(_) => crate::service::load_config(&config_dir)?,
+    };
     let spec = cfg
         .agents
         .get(agent)

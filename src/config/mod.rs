@@ -20,6 +20,34 @@ pub use workflow::{
     StepCommand, Trigger, WebhookTrigger, Workflow, DEFAULT_COMMIT_TIMEOUT_S, DEFAULT_KILL_GRACE_S,
 };
 
+/// The variable an agent's steps find their config snapshot in.
+pub const AGENT_SNAPSHOT_ENV: &str = "STEWARD_AGENT_SNAPSHOT";
+
+/// What a digest agent's steps need of the config, as it was when the run was fired.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct AgentSnapshot {
+    pub root: PathBuf,
+    pub settings: Settings,
+    pub agent: agent::Agent,
+    /// The sources the agent's filter selects.
+    pub sources: Vec<agent::Source>,
+}
+
+impl AgentSnapshot {
+    /// The config an agent step works from: its agent, its sources, the settings.
+    pub fn into_config(self) -> Config {
+        let mut agents = BTreeMap::new();
+        agents.insert(self.agent.name.clone(), self.agent);
+        Config {
+            root: self.root,
+            settings: self.settings,
+            sources: self.sources,
+            agents,
+            ..Config::default()
+        }
+    }
+}
+
 /// Every workflow of a config folder, and the daemon settings.
 #[derive(Debug, Clone, Default)]
 pub struct Config {
@@ -134,7 +162,25 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
         }
     }
     let (agents, sources, agent_workflows) = agent::load(root, &mut errors);
-    for wf in agent_workflows {
+    for mut wf in agent_workflows {
+        if let Some(a) = agents.iter().find(|a| a.name == wf.id) {
+            // The agent's steps work from the config it was fired with, not the folder's
+            // state when they start: an unrelated broken file must not break them.
+            let snapshot = AgentSnapshot {
+                root: root.to_path_buf(),
+                settings: config.settings.clone(),
+                agent: a.clone(),
+                sources: a.sources(&sources).into_iter().cloned().collect(),
+            };
+            let value = serde_json::to_string(&snapshot).unwrap_or_default();
+            wf.env.insert(
+                AGENT_SNAPSHOT_ENV.to_string(),
+                EnvValue::Literal {
+                    value,
+                    secret: false,
+                },
+            );
+        }
         if let Some(other) = origin.get(&wf.id) {
             errors.push(ConfigError::whole_file(
                 &wf.file,

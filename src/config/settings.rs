@@ -2,12 +2,12 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::file::read_toml;
 
 /// `config/steward.toml`: settings for the whole daemon (optional file).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     /// The notes vault (digests, inbox, queue markers); relative paths resolve against the
@@ -30,7 +30,7 @@ pub struct Settings {
 
 /// `[retention]` in steward.toml: run records beyond either limit are pruned, oldest
 /// first (dead letters keep their own copy; runs awaiting review are kept).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionSettings {
     /// Newest run records kept (default 10,000).
@@ -62,7 +62,7 @@ impl Settings {
 }
 
 /// `[smtp]` in steward.toml. Credentials are env var names, never values.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Smtp {
     pub host: String,
@@ -77,7 +77,7 @@ pub struct Smtp {
     pub password_env: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SmtpSecurity {
     /// STARTTLS on port 587 (the default).
