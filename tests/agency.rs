@@ -461,3 +461,63 @@ fn a_planner_run_by_the_daemon_sees_the_steps_environment_not_the_daemons() {
         "the daemon's environment leaked:\n{text}"
     );
 }
+
+/// A member whose checker escalates holds the case until an operator settles that run:
+/// the planner is not asked again meanwhile (the writer is not dispatched twice), and once
+/// the run is approved the writer counts as done and the reviewer is next.
+#[test]
+fn a_member_run_that_escalates_holds_the_case_until_its_review_is_settled() {
+    let env = Env::new();
+    docs_agency(&env, DOCS_PLANNER, LIMITS_50, "");
+    // The writer's checker asks for a human.
+    env.workflow(
+        &Spec::new("write", "cat >/dev/null\necho '{\"draft\": \"docs v2\"}'\n")
+            .verify("cat >/dev/null\nexit 2\n")
+            .dry(),
+    );
+    env.steward(&["case", "open", "--agency", "docs", "--case", "r1"]);
+    let (_, first) = advance(&env, "r1", "d", true);
+    assert_eq!(
+        first["agency_turn"]["dispatch"]["member"], "researcher",
+        "{first}"
+    );
+    let (_, second) = advance(&env, "r1", "d", true);
+    assert_eq!(
+        second["agency_turn"]["dispatch"]["member"], "writer",
+        "{second}"
+    );
+    let review_run = second["agency_turn"]["receipt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for _ in 0..2 {
+        let (code, held) = advance(&env, "r1", "d", true);
+        assert_eq!(code, 0, "{held}");
+        let t = &held["agency_turn"];
+        assert_eq!(t["status"], "awaiting_approval", "{held}");
+        assert!(
+            t["reason"].as_str().unwrap().contains(&review_run),
+            "{held}"
+        );
+    }
+    let case = env.steward(&["case", "status", "r1", "--json"]).json();
+    assert_eq!(
+        case["acts"], 2,
+        "no dispatch while the review waits: {case}"
+    );
+    let approve = env.steward(&["approve", &review_run]);
+    assert_eq!(approve.code, 0, "{approve}");
+    let (_, third) = advance(&env, "r1", "d", true);
+    assert_eq!(
+        third["agency_turn"]["dispatch"]["member"], "reviewer",
+        "{third}"
+    );
+    let case = env.steward(&["case", "status", "r1", "--json"]).json();
+    assert!(
+        case["done_members"]
+            .as_array()
+            .unwrap()
+            .contains(&"writer".into()),
+        "{case}"
+    );
+}

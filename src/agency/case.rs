@@ -55,6 +55,8 @@ pub enum EventKind {
     MemberResult,
     /// A member's run ended without a result of its own (interrupted, skipped).
     MemberUnfinished,
+    /// A member run that escalated was approved or rejected by an operator.
+    ReviewSettled,
 }
 
 impl EventKind {
@@ -66,6 +68,7 @@ impl EventKind {
             EventKind::Approved => "approved",
             EventKind::MemberResult => "member_result",
             EventKind::MemberUnfinished => "member_unfinished",
+            EventKind::ReviewSettled => "review_settled",
         }
     }
 
@@ -76,6 +79,7 @@ impl EventKind {
             EventKind::Approved,
             EventKind::MemberResult,
             EventKind::MemberUnfinished,
+            EventKind::ReviewSettled,
         ]
         .into_iter()
         .find(|k| k.name() == name)
@@ -147,6 +151,10 @@ pub struct Case {
     /// skipped by overlap): their dispatch stays pending, so a later advance redoes it.
     #[serde(default)]
     pub unfinished: Vec<Receipt>,
+    /// A member run whose checker escalated: the case waits until an operator approves
+    /// or rejects that run (`steward approve|reject RUN`).
+    #[serde(default)]
+    pub awaiting_review: Option<String>,
     pub resolution: Option<Value>,
     pub reason: Option<String>,
 }
@@ -238,6 +246,7 @@ pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, String> {
         receipts: Vec::new(),
         done_members: Vec::new(),
         unfinished: Vec::new(),
+        awaiting_review: None,
         resolution: None,
         reason: None,
     };
@@ -284,9 +293,25 @@ pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, String> {
                     if r.state == "success" && !c.done_members.contains(&r.member) {
                         c.done_members.push(r.member.clone());
                     }
+                    if r.state == "approval-required" {
+                        c.status = CaseStatus::AwaitingApproval;
+                        c.awaiting_review = Some(r.run_id.clone());
+                    }
                     c.receipts.push(r);
                 }
                 c.pending = None;
+            }
+            EventKind::ReviewSettled => {
+                let run_id = e.data["run_id"].as_str().unwrap_or("");
+                let state = e.data["state"].as_str().unwrap_or("");
+                if let Some(r) = c.receipts.iter_mut().find(|r| r.run_id == run_id) {
+                    r.state = state.to_string();
+                    if state == "success" && !c.done_members.contains(&r.member) {
+                        c.done_members.push(r.member.clone());
+                    }
+                }
+                c.status = CaseStatus::Open;
+                c.awaiting_review = None;
             }
             EventKind::MemberUnfinished => {
                 if let Ok(r) = serde_json::from_value::<Receipt>(e.data.clone()) {
@@ -424,6 +449,11 @@ pub fn approve(engine: &Engine, case_id: &str, by: &str) -> Result<Case, CaseErr
     if case.status != CaseStatus::AwaitingApproval {
         return Err(CaseError::Refused(format!(
             "case {case_id} is not awaiting approval"
+        )));
+    }
+    if let Some(run) = &case.awaiting_review {
+        return Err(CaseError::Refused(format!(
+            "case {case_id} waits for the review of member run {run}, not for a case approval: `steward approve {run}` or `steward reject {run}`, then advance"
         )));
     }
     append(

@@ -17,6 +17,7 @@ use super::member::{run_member, MemberRun};
 use crate::config::Config;
 use crate::governed::Engine;
 use crate::runner::Runner;
+use crate::store::RunState;
 
 /// The `agency_turn` object of the seed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -141,6 +142,16 @@ pub async fn advance(
     // The measurable gate comes before any judgment.
     if let Some(t) = over_limit(engine, &case, driver)? {
         return Ok(t);
+    }
+    if let Some(run_id) = case.awaiting_review.clone() {
+        match settle_review(engine, &case, &run_id)? {
+            Some(settled) => case = settled,
+            None => {
+                let reason = format!("member run {run_id} escalated: it waits in the review queue");
+                let next = format!("steward approve {run_id} (or reject it), then advance");
+                return Ok(turn(&case, "awaiting_approval", Some(reason), &next));
+            }
+        }
     }
     if case.status == CaseStatus::AwaitingApproval {
         let mut t = turn(
@@ -307,6 +318,32 @@ fn record_result(engine: &Engine, case: &Case, mut r: Receipt) -> Result<Case, C
         serde_json::to_value(&r).unwrap_or_default(),
     )?;
     reload(engine, &case.case_id)
+}
+
+/// The escalated member run once an operator approved or rejected it: recorded on the
+/// case, which goes on. None while it still waits for review.
+fn settle_review(engine: &Engine, case: &Case, run_id: &str) -> Result<Option<Case>, CaseError> {
+    let state = match engine.store.run(run_id)? {
+        Some(rec) if rec.state == RunState::ApprovalRequired => return Ok(None),
+        Some(rec) => rec.state,
+        // Pruned past retention: nothing to wait for any more.
+        None => RunState::Failed,
+    };
+    append(
+        engine,
+        case,
+        &format!("{}:review:{run_id}", case.case_id),
+        EventKind::ReviewSettled,
+        json!({ "run_id": run_id, "state": state.name() }),
+    )?;
+    log(
+        engine,
+        &case.agency.id,
+        &case.case_id,
+        "review_settled",
+        format!("member run {run_id} ended {state} after review"),
+    );
+    Ok(Some(reload(engine, &case.case_id)?))
 }
 
 /// A breached limit fails the turn, whatever the planner would say.
