@@ -8,16 +8,16 @@
 //! ends for any reason, whatever is left of its group is killed, so no grandchild outlives
 //! its step.
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+mod launch;
+mod pipes;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +25,9 @@ use crate::budget::{Breach, BudgetGuard};
 use crate::containment::StepCgroup;
 use crate::control::{self, Message};
 pub use crate::process::Exit;
-use crate::process::{Launch, StepProcess};
+use crate::process::StepProcess;
+pub use launch::{reserve_control_fd, spawn_lock};
+use pipes::{read_capped, read_control};
 
 /// How much of stdout is kept (the rest is drained and dropped).
 pub const STDOUT_CAP: usize = 1 << 20;
@@ -204,7 +206,7 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     if req.cancel.is_cancelled() {
         return StepOutcome::new(Ending::Cancelled);
     }
-    let (mut child, ctl_read, cgroup) = match spawn(&req) {
+    let (mut child, ctl_read, cgroup) = match launch::spawn(req.argv, req.cwd, req.env) {
         Ok(pair) => pair,
         Err(e) => {
             let mut out = StepOutcome::new(Ending::SpawnFailed(format!(
@@ -347,182 +349,6 @@ impl Drop for Contained {
 /// The longest a step's end waits for its killed cgroup to empty.
 const CGROUP_DRAIN: Duration = Duration::from_secs(1);
 
-fn spawn(req: &StepRequest<'_>) -> std::io::Result<(StepProcess, OwnedFd, Option<StepCgroup>)> {
-    let Some((program, args)) = req.argv.split_first() else {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "empty command",
-        ));
-    };
-    // Both ends are close-on-exec; only fd 3 crosses into the child.
-    let (ctl_read, ctl_write) = std::io::pipe()?;
-    let ctl_write_fd = ctl_write.as_raw_fd();
-    let path = req
-        .env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str());
-    let program = resolve_program(program, path);
-    // Where steps get cgroups: straight into one (see `process`).
-    let mut cgroup = StepCgroup::create();
-    if let Some(cg) = cgroup.take() {
-        match cg.open() {
-            Ok(dir) => {
-                let launch = Launch {
-                    program: &program,
-                    argv: std::iter::once(program.as_os_str().as_bytes())
-                        .chain(args.iter().map(|a| a.as_bytes()))
-                        .collect(),
-                    env: req.env,
-                    cwd: req.cwd,
-                    control: ctl_write_fd,
-                };
-                match crate::process::spawn_into_cgroup(&launch, &dir) {
-                    Some(Ok(child)) => {
-                        drop(ctl_write);
-                        return Ok((child, OwnedFd::from(ctl_read), Some(cg)));
-                    }
-                    Some(Err(e)) => {
-                        cg.recycle();
-                        return Err(e);
-                    }
-                    None => cgroup = Some(cg),
-                }
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "cannot open cgroup {}: {e}; moving the step into it after it starts",
-                    cg.path().display()
-                );
-                cgroup = Some(cg);
-            }
-        }
-    }
-    let mut cmd = Command::new(&program);
-    cmd.args(args)
-        .current_dir(req.cwd)
-        .env_clear()
-        .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let child = match RESERVED_FD3.get() {
-        // The fast path: std spawns with posix_spawn, which a pre_exec hook would turn
-        // into a fork of this whole process (half the throughput). The control pipe is put
-        // on our reserved fd 3 for the moment of the spawn, under a lock, so exactly this
-        // child inherits it there.
-        Some(placeholder) => {
-            let _one_at_a_time = spawn_lock();
-            // SAFETY: plain fd syscalls on descriptors this module owns (fd 3 is reserved).
-            if unsafe { libc::dup2(ctl_write_fd, 3) } == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let spawned = cmd.spawn();
-            // SAFETY: as above; fd 3 goes back to /dev/null, close-on-exec.
-            unsafe {
-                libc::dup2(*placeholder, 3);
-                libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC);
-            }
-            spawned
-        }
-        None => {
-            // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe,
-            // and touches no memory shared with the parent.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if ctl_write_fd == 3 {
-                        if libc::fcntl(3, libc::F_SETFD, 0) == -1 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    } else if libc::dup2(ctl_write_fd, 3) == -1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-            cmd.spawn()
-        }
-    };
-    let child = match child {
-        Ok(child) => StepProcess::from_tokio(child),
-        Err(e) => {
-            // A failed spawn leaves no cgroup in use.
-            if let Some(cg) = cgroup {
-                cg.recycle();
-            }
-            return Err(e);
-        }
-    };
-    // The parent's write end must close now, or fd 3 never reaches EOF.
-    drop(ctl_write);
-    // Without clone3: moved into its cgroup just after it started (pid 0 would move
-    // steward itself, but a child just spawned always has its pid).
-    if let Some(cg) = cgroup.as_ref().filter(|_| child.pid > 0) {
-        if let Err(e) = cg.adopt(child.pid) {
-            tracing::warn!(
-                "cannot move step {} into its cgroup: {e}; it is contained by its process group only",
-                child.pid
-            );
-        }
-    }
-    Ok((child, OwnedFd::from(ctl_read), cgroup))
-}
-
-/// A /dev/null descriptor (not fd 3) that fd 3 is pointed back at between spawns; set
-/// once [`reserve_control_fd`] holds fd 3 for steward.
-static RESERVED_FD3: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-static SPAWN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Held while starting any other child process, so none can inherit a step's control
-/// pipe during the moment it sits on fd 3.
-pub fn spawn_lock() -> std::sync::MutexGuard<'static, ()> {
-    SPAWN_LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Called first thing in `main`: if fd 3 is free, steward keeps it (on /dev/null) so steps
-/// can be started with posix_spawn and still find their control pipe on fd 3. If fd 3 is
-/// already taken (inherited), steps fall back to a pre-exec dup.
-pub fn reserve_control_fd() {
-    use std::os::fd::IntoRawFd;
-    let open = || std::fs::File::open("/dev/null").map(IntoRawFd::into_raw_fd);
-    match open() {
-        Ok(3) => {
-            if let Ok(other) = open() {
-                let _ = RESERVED_FD3.set(other);
-            }
-        }
-        Ok(fd) => close_fd(fd), // fd 3 was taken: leave everything as it is
-
-        Err(_) => {}
-    }
-}
-
-fn close_fd(fd: i32) {
-    use std::os::fd::FromRawFd;
-    // SAFETY: `fd` was just opened by us and is owned by nobody else.
-    drop(unsafe { std::fs::File::from_raw_fd(fd) });
-}
-
-/// A bare program name resolved against the step's PATH (std would otherwise fall back to
-/// fork when PATH is set explicitly); a name with a `/`, or one not found, is left as is.
-fn resolve_program(program: &str, path: Option<&str>) -> std::path::PathBuf {
-    if program.contains('/') {
-        return program.into();
-    }
-    for dir in path.unwrap_or("").split(':').filter(|d| !d.is_empty()) {
-        let candidate = Path::new(dir).join(program);
-        if let Ok(m) = std::fs::metadata(&candidate) {
-            use std::os::unix::fs::PermissionsExt;
-            if m.is_file() && m.permissions().mode() & 0o111 != 0 {
-                return candidate;
-            }
-        }
-    }
-    program.into()
-}
-
 /// SIGTERM the group, wait out the grace, then SIGKILL; returns how the child ended.
 async fn stop_group(child: &mut StepProcess, pgid: Option<Pid>, grace: Duration) -> Option<Exit> {
     if let Some(pgid) = pgid {
@@ -536,81 +362,6 @@ async fn stop_group(child: &mut StepProcess, pgid: Option<Pid>, grace: Duration)
     }
     child.start_kill();
     child.wait().await.ok()
-}
-
-/// Reads to EOF, keeping the first `cap` bytes (or the last, with `tail`).
-async fn read_capped<R: AsyncRead + Unpin>(
-    mut r: R,
-    cap: usize,
-    tail: bool,
-    activity: Arc<Notify>,
-) -> Vec<u8> {
-    let mut kept = Vec::new();
-    let mut buf = vec![0u8; 8192];
-    loop {
-        let n = match r.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        activity.notify_one();
-        kept.extend_from_slice(&buf[..n]);
-        if kept.len() > cap {
-            if tail {
-                let excess = kept.len() - cap;
-                kept.drain(..excess);
-            } else {
-                kept.truncate(cap);
-            }
-        }
-    }
-    kept
-}
-
-/// Reads fd-3 lines, bounded in length, and sends each parsed message.
-async fn read_control(
-    fd: OwnedFd,
-    tx: mpsc::Sender<Result<Message, control::ParseError>>,
-    activity: Arc<Notify>,
-) {
-    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
-        return;
-    };
-    let mut line: Vec<u8> = Vec::new();
-    let mut overlong = false;
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let n = match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        activity.notify_one();
-        for &b in &buf[..n] {
-            if b == b'\n' {
-                let msg = if overlong {
-                    Err(control::ParseError(format!(
-                        "control line longer than {} bytes dropped",
-                        control::MAX_LINE
-                    )))
-                } else {
-                    control::parse(&String::from_utf8_lossy(&line))
-                };
-                line.clear();
-                overlong = false;
-                if tx.send(msg).await.is_err() {
-                    return;
-                }
-            } else if line.len() < control::MAX_LINE {
-                line.push(b);
-            } else {
-                overlong = true;
-            }
-        }
-    }
-    if !line.is_empty() {
-        let _ = tx
-            .send(control::parse(&String::from_utf8_lossy(&line)))
-            .await;
-    }
 }
 
 #[cfg(test)]
