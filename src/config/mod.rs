@@ -7,6 +7,7 @@
 pub mod agency;
 pub mod agent;
 pub mod file;
+pub mod parse;
 pub mod settings;
 pub mod workflow;
 
@@ -14,10 +15,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use file::{line_col, parse_toml, read_toml, toml_files, valid_id, ConfigError};
+pub use parse::{load_file, parse_workflow};
 pub use settings::{RetentionSettings, Settings, Smtp, SmtpSecurity};
 pub use workflow::{
-    load_file, parse_workflow, Backoff, EnvValue, FileTrigger, Overlap, Retry, ScheduleTrigger,
-    StepCommand, Trigger, WebhookTrigger, Workflow, DEFAULT_COMMIT_TIMEOUT_S, DEFAULT_KILL_GRACE_S,
+    Backoff, EnvValue, FileTrigger, Overlap, Retry, ScheduleTrigger, StepCommand, Trigger,
+    WebhookTrigger, Workflow, DEFAULT_COMMIT_TIMEOUT_S, DEFAULT_KILL_GRACE_S,
 };
 
 /// The variable an agent's steps find their config snapshot in.

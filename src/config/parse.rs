@@ -1,0 +1,446 @@
+//! Reading a workflow file: the raw TOML shape, then every rule it must meet — each
+//! error naming the file, line and column and what was expected.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use toml::Spanned;
+
+use crate::budget::Caps;
+use crate::template;
+use crate::trigger::schedule::Schedule;
+pub use crate::trigger::schedule::ScheduleTrigger;
+
+use super::file::{line_col, parse_toml, read_bytes, valid_id, ConfigError};
+use super::workflow::*;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTrigger {
+    #[serde(default)]
+    manual: Option<bool>,
+    #[serde(default)]
+    schedule: Option<ScheduleTrigger>,
+    #[serde(default)]
+    file: Option<FileTrigger>,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    webhook: Option<WebhookTrigger>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBudget {
+    max_tokens: Option<Spanned<i64>>,
+    max_tool_calls: Option<Spanned<i64>>,
+    max_runtime_s: Option<Spanned<f64>>,
+    max_cost_usd: Option<Spanned<f64>>,
+    #[serde(default)]
+    stall_timeout_s: Option<Spanned<f64>>,
+    #[serde(default)]
+    kill_grace_s: Option<Spanned<f64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    command: Spanned<Vec<String>>,
+    #[serde(default)]
+    timeout_s: Option<Spanned<f64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorkflow {
+    id: Spanned<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    dry_run: Option<bool>,
+    #[serde(default)]
+    idempotency_key: Option<Spanned<String>>,
+    #[serde(default)]
+    overlap: Option<Overlap>,
+    /// Working folder of every step, relative to the config folder (default: the config folder).
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    trigger: Option<Spanned<RawTrigger>>,
+    #[serde(default)]
+    budget: Option<Spanned<RawBudget>>,
+    #[serde(default)]
+    run: Option<RawStep>,
+    #[serde(default)]
+    verify: Option<RawStep>,
+    #[serde(default)]
+    commit: Option<RawStep>,
+    #[serde(default)]
+    retry: Option<Retry>,
+    #[serde(default)]
+    env: BTreeMap<String, EnvValue>,
+}
+
+/// Loads and validates one workflow file. `root` is the config folder that relative
+/// command paths and `cwd` resolve against.
+pub fn load_file(root: &Path, file: &Path) -> Result<Workflow, Vec<ConfigError>> {
+    parse_workflow(root, file, read_bytes(file).map_err(|e| vec![e])?)
+}
+
+/// Parses and validates a workflow file's bytes; `file` only names it in errors.
+/// Never panics, whatever the bytes (a fuzz target holds it to that).
+pub fn parse_workflow(
+    root: &Path,
+    file: &Path,
+    bytes: Vec<u8>,
+) -> Result<Workflow, Vec<ConfigError>> {
+    let (raw, (text, bytes)) = parse_toml::<RawWorkflow>(file, bytes).map_err(|e| vec![e])?;
+    let mut v = Validator {
+        file,
+        text: &text,
+        errors: Vec::new(),
+    };
+    let wf = v.workflow(root, raw, hex::encode(Sha256::digest(&bytes)));
+    match wf {
+        Some(wf) if v.errors.is_empty() => Ok(wf),
+        _ => Err(v.errors),
+    }
+}
+
+struct Validator<'a> {
+    file: &'a Path,
+    text: &'a str,
+    errors: Vec<ConfigError>,
+}
+
+impl Validator<'_> {
+    fn err(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let (line, column) = line_col(self.text, span.start);
+        self.errors.push(ConfigError {
+            file: self.file.to_path_buf(),
+            line,
+            column,
+            message: message.into(),
+        });
+    }
+
+    /// An error about something absent: points at the end of the file.
+    fn missing(&mut self, message: impl Into<String>) {
+        let end = self.text.len();
+        self.err(end..end, message);
+    }
+
+    fn workflow(&mut self, root: &Path, raw: RawWorkflow, config_hash: String) -> Option<Workflow> {
+        let id = raw.id.get_ref().clone();
+        if !valid_id(&id) {
+            self.err(
+                raw.id.span(),
+                format!("id `{id}` is not allowed: use 1-64 of a-z, 0-9, `-`, `_`, starting with a letter or digit"),
+            );
+        }
+        if let Some(key) = &raw.idempotency_key {
+            if let Err(e) = template::check(key.get_ref()) {
+                self.err(
+                    key.span(),
+                    format!("idempotency_key is not a valid template: {e}"),
+                );
+            }
+        }
+        let trigger = self.trigger(raw.trigger);
+        let caps = self.budget(raw.budget);
+        let cwd = match &raw.cwd {
+            Some(c) => root.join(c),
+            None => root.to_path_buf(),
+        };
+        let run = self.step("run", raw.run, root, false);
+        let verify = match raw.verify {
+            Some(step) => self.step("verify", Some(step), root, false),
+            None => {
+                self.missing("missing [verify]: every workflow needs a separate checker (verify.command) before it can run");
+                None
+            }
+        };
+        let commit = raw
+            .commit
+            .and_then(|s| self.step("commit", Some(s), root, true));
+        let retry = raw.retry.unwrap_or_default();
+        if retry.attempts == 0 {
+            self.missing("retry.attempts must be at least 1 (it counts the first attempt)");
+        }
+        if !(retry.base.is_finite()
+            && retry.base >= 0.0
+            && retry.max.is_finite()
+            && retry.max >= 0.0)
+        {
+            self.missing("retry.base and retry.max must be non-negative numbers of seconds");
+        }
+        for (name, value) in &raw.env {
+            if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                || name.starts_with("STEWARD_")
+            {
+                self.missing(format!(
+                    "env.{name}: names are letters, digits and `_`, and STEWARD_* is reserved"
+                ));
+            }
+            if let EnvValue::Literal { secret: true, .. } = value {
+                // Allowed, but a secret belongs in the environment, not in a file in git.
+                tracing::warn!(file = %self.file.display(), "env.{name} holds a secret literal: prefer {{ from_env = \"VAR\" }}");
+            }
+        }
+        // Queue items and dropped files can be replayed after a crash; their natural key
+        // keeps a replay from committing twice.
+        let idempotency_key =
+            raw.idempotency_key
+                .map(|k| k.into_inner())
+                .or_else(|| match &trigger {
+                    Some(Trigger::Queue { .. }) => Some("{{ trigger.item_id }}".to_string()),
+                    Some(Trigger::File(_)) => Some("{{ trigger.sha256 }}".to_string()),
+                    _ => None,
+                });
+        Some(Workflow {
+            id,
+            description: raw.description.unwrap_or_default(),
+            dry_run: raw.dry_run.unwrap_or(true),
+            idempotency_key,
+            overlap: raw.overlap.unwrap_or_default(),
+            trigger: trigger?,
+            caps: caps?,
+            run: run?,
+            verify: verify?,
+            commit,
+            retry,
+            env: raw.env,
+            cwd,
+            file: self.file.to_path_buf(),
+            config_hash,
+            agent: None,
+        })
+    }
+
+    fn trigger(&mut self, raw: Option<Spanned<RawTrigger>>) -> Option<Trigger> {
+        let Some(raw) = raw else {
+            return Some(Trigger::Manual);
+        };
+        let span = raw.span();
+        let t = raw.into_inner();
+        let mut kinds = Vec::new();
+        if t.manual == Some(true) {
+            kinds.push(Trigger::Manual);
+        }
+        if let Some(s) = t.schedule {
+            if let Err(e) = Schedule::parse(&s) {
+                self.err(span.clone(), e);
+            }
+            kinds.push(Trigger::Schedule(s));
+        }
+        if let Some(f) = t.file {
+            if let Err(e) = globset::Glob::new(&f.pattern) {
+                self.err(
+                    span.clone(),
+                    format!("trigger.file.pattern `{}` is not a glob: {e}", f.pattern),
+                );
+            }
+            kinds.push(Trigger::File(f));
+        }
+        if let Some(q) = t.queue {
+            if !valid_id(&q) {
+                self.err(
+                    span.clone(),
+                    format!("trigger.queue `{q}` is not a valid queue name (a-z, 0-9, `-`, `_`)"),
+                );
+            }
+            kinds.push(Trigger::Queue { queue: q });
+        }
+        if let Some(w) = t.webhook {
+            if !w.path.starts_with('/') {
+                self.err(span.clone(), "trigger.webhook.path must start with `/`");
+            }
+            kinds.push(Trigger::Webhook(w));
+        }
+        match kinds.len() {
+            1 => kinds.pop(),
+            0 => {
+                self.err(
+                    span,
+                    "[trigger] needs exactly one of: schedule, file, queue, webhook, manual = true",
+                );
+                None
+            }
+            _ => {
+                self.err(span, "[trigger] has more than one kind: a workflow has exactly one trigger (schedule, file, queue, webhook or manual)");
+                None
+            }
+        }
+    }
+
+    fn budget(&mut self, raw: Option<Spanned<RawBudget>>) -> Option<Caps> {
+        let Some(raw) = raw else {
+            self.missing("missing [budget]: every workflow states max_tokens, max_tool_calls, max_runtime_s and max_cost_usd (use 0 for a resource it never uses)");
+            return None;
+        };
+        let span = raw.span();
+        let b = raw.into_inner();
+        let before = self.errors.len();
+        let tokens = self.count(&span, "max_tokens", b.max_tokens);
+        let tool_calls = self.count(&span, "max_tool_calls", b.max_tool_calls);
+        let runtime = self.seconds(&span, "max_runtime_s", b.max_runtime_s, true);
+        let cost = self.amount(&span, "max_cost_usd", b.max_cost_usd);
+        let stall = b
+            .stall_timeout_s
+            .map(|s| self.seconds(&span, "stall_timeout_s", Some(s), true));
+        let grace = b
+            .kill_grace_s
+            .map(|s| self.seconds(&span, "kill_grace_s", Some(s), false));
+        if self.errors.len() != before {
+            return None;
+        }
+        Some(Caps {
+            max_tokens: tokens?,
+            max_tool_calls: tool_calls?,
+            max_runtime: runtime?,
+            max_cost_usd: cost?,
+            stall_timeout: stall.flatten(),
+            kill_grace: grace
+                .flatten()
+                .unwrap_or(Duration::from_secs_f64(DEFAULT_KILL_GRACE_S)),
+        })
+    }
+
+    fn count(&mut self, table: &Range<usize>, name: &str, v: Option<Spanned<i64>>) -> Option<u64> {
+        let Some(v) = v else {
+            self.err(
+                table.clone(),
+                format!(
+                    "budget.{name} is missing: every cap is a concrete number (0 if never used)"
+                ),
+            );
+            return None;
+        };
+        match u64::try_from(*v.get_ref()) {
+            Ok(n) => Some(n),
+            Err(_) => {
+                self.err(
+                    v.span(),
+                    format!("budget.{name} must be zero or more, got {}", v.get_ref()),
+                );
+                None
+            }
+        }
+    }
+
+    fn amount(&mut self, table: &Range<usize>, name: &str, v: Option<Spanned<f64>>) -> Option<f64> {
+        let Some(v) = v else {
+            self.err(
+                table.clone(),
+                format!(
+                    "budget.{name} is missing: every cap is a concrete number (0 if never used)"
+                ),
+            );
+            return None;
+        };
+        let x = *v.get_ref();
+        if x.is_finite() && x >= 0.0 {
+            Some(x)
+        } else {
+            self.err(
+                v.span(),
+                format!("budget.{name} must be a number zero or more, got {x}"),
+            );
+            None
+        }
+    }
+
+    fn seconds(
+        &mut self,
+        table: &Range<usize>,
+        name: &str,
+        v: Option<Spanned<f64>>,
+        positive: bool,
+    ) -> Option<Duration> {
+        let Some(v) = v else {
+            self.err(
+                table.clone(),
+                format!("budget.{name} is missing: every run is bounded in time"),
+            );
+            return None;
+        };
+        let x = *v.get_ref();
+        // A year is far beyond any sane unattended step, and keeps Duration arithmetic safe.
+        if x.is_finite() && (if positive { x > 0.0 } else { x >= 0.0 }) && x <= 31_536_000.0 {
+            Some(Duration::from_secs_f64(x))
+        } else {
+            let want = if positive {
+                "more than zero"
+            } else {
+                "zero or more"
+            };
+            self.err(
+                v.span(),
+                format!("{name} must be a number of seconds {want} (at most a year), got {x}"),
+            );
+            None
+        }
+    }
+
+    fn step(
+        &mut self,
+        name: &str,
+        raw: Option<RawStep>,
+        root: &Path,
+        is_commit: bool,
+    ) -> Option<StepCommand> {
+        let Some(raw) = raw else {
+            self.missing(format!(
+                "missing [{name}]: set {name}.command to the program to run"
+            ));
+            return None;
+        };
+        let span = raw.command.span();
+        let mut argv = raw.command.into_inner();
+        if argv.is_empty() || argv[0].is_empty() {
+            self.err(span, format!("{name}.command is empty: give the program and its arguments, e.g. [\"scripts/{name}.sh\"]"));
+            return None;
+        }
+        if argv[0].contains('/') {
+            let program = root.join(&argv[0]);
+            match std::fs::metadata(&program) {
+                Ok(m) if m.is_file() && is_executable(&m) => {}
+                Ok(_) => {
+                    self.err(
+                        span.clone(),
+                        format!(
+                            "{name}.command: {} is not an executable file (chmod +x?)",
+                            program.display()
+                        ),
+                    );
+                }
+                Err(e) => {
+                    self.err(
+                        span.clone(),
+                        format!("{name}.command: {}: {e}", program.display()),
+                    );
+                }
+            }
+            argv[0] = program.to_string_lossy().into_owned();
+        }
+        let timeout = match raw.timeout_s {
+            Some(t) if !is_commit => {
+                self.err(t.span(), format!("{name}.timeout_s is not allowed: run and verify are bounded by [budget] max_runtime_s"));
+                None
+            }
+            Some(t) => self.seconds(&span, "commit.timeout_s", Some(t), true),
+            None if is_commit => Some(Duration::from_secs_f64(DEFAULT_COMMIT_TIMEOUT_S)),
+            None => None,
+        };
+        Some(StepCommand { argv, timeout })
+    }
+}
+
+fn is_executable(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    m.permissions().mode() & 0o111 != 0
+}
