@@ -1,5 +1,9 @@
 //! Reading a workflow file: the raw TOML shape, then every rule it must meet — each
 //! error naming the file, line and column and what was expected.
+//!
+//! Strict on purpose: an unknown key is an error (a typo must not silently disable a
+//! guard), a workflow without `[verify]` is rejected, every budget cap is a concrete
+//! non-negative number, and the idempotency key template must compile.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
