@@ -35,6 +35,21 @@ fn pretty(out: &mut String, value: &impl Serialize) {
 
 /// Shows `response` as `view` asks; `local` says no daemon answered.
 pub fn response(response: &Response, view: &View, local: bool) -> Shown {
+    use Response as R;
+    match response {
+        R::CaseOpened { .. }
+        | R::Turn { .. }
+        | R::TurnConflict { .. }
+        | R::CaseApproved { .. }
+        | R::Case { .. }
+        | R::CaseChain { .. }
+        | R::Cases { .. } => case_response(response, view),
+        _ => run_response(response, view, local),
+    }
+}
+
+/// Everything but the agency cases.
+fn run_response(response: &Response, view: &View, local: bool) -> Shown {
     let mut s = Shown::default();
     let out = &mut s.stdout;
     use Response as R;
@@ -132,6 +147,17 @@ pub fn response(response: &Response, view: &View, local: bool) -> Shown {
             out,
             "key `{key}` of {workflow} released: the next fire runs again"
         ),
+        _ => unreachable!("case responses are shown by case_response"),
+    }
+    s
+}
+
+/// The agency cases' responses.
+fn case_response(response: &Response, view: &View) -> Shown {
+    let mut s = Shown::default();
+    let out = &mut s.stdout;
+    use Response as R;
+    match response {
         R::CaseOpened { case, mandate } => {
             let l = &case.agency.limits;
             wln!(
@@ -197,6 +223,7 @@ pub fn response(response: &Response, view: &View, local: bool) -> Shown {
                 );
             }
         }
+        _ => unreachable!("other responses are shown by run_response"),
     }
     s
 }
