@@ -14,6 +14,24 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// The most stdout kept from a helper (a command source's feed is capped alike).
 pub const MAX_STDOUT: usize = 5 << 20;
 
+/// Why a helper gave no output.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    #[error("empty command")]
+    Empty,
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Wait(std::io::Error),
+    #[error("wrote more than {} MiB to stdout", MAX_STDOUT >> 20)]
+    TooMuchOutput,
+    #[error("timed out after {:.0}s", .0.as_secs_f64())]
+    TimedOut(Duration),
+}
+
 /// What a helper left: exit code (-1 if killed by a signal), stdout, stderr.
 pub struct Output {
     pub code: i32,
@@ -22,15 +40,15 @@ pub struct Output {
 }
 
 /// Runs `argv` in `cwd` (a program with a `/` is relative to `cwd`), writes `input` to its
-/// stdin, and waits at most `timeout`. Err is a reason for a person.
+/// stdin, and waits at most `timeout`.
 pub async fn run(
     argv: &[String],
     cwd: &Path,
     input: Option<&[u8]>,
     timeout: Duration,
-) -> Result<Output, String> {
+) -> Result<Output, HelperError> {
     let Some((program, args)) = argv.split_first() else {
-        return Err("empty command".into());
+        return Err(HelperError::Empty);
     };
     let program = if program.contains('/') {
         cwd.join(program)
@@ -59,7 +77,10 @@ pub async fn run(
         let _no_fd3_leak = crate::step::spawn_lock();
         cmd.spawn()
     };
-    let mut child = spawned.map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+    let mut child = spawned.map_err(|source| HelperError::Spawn {
+        program: program.display().to_string(),
+        source,
+    })?;
     // Inside a step the group is the step's: on timeout only the helper itself is killed.
     let pgid = child
         .id()
@@ -88,13 +109,10 @@ pub async fn run(
         };
         tokio::join!(read_out, read_err);
         if stdout.len() > MAX_STDOUT {
-            return Err(format!(
-                "wrote more than {} MiB to stdout",
-                MAX_STDOUT >> 20
-            ));
+            return Err(HelperError::TooMuchOutput);
         }
-        let status = child.wait().await.map_err(|e| e.to_string())?;
-        Ok::<_, String>(Output {
+        let status = child.wait().await.map_err(HelperError::Wait)?;
+        Ok::<_, HelperError>(Output {
             code: status.code().unwrap_or(-1),
             stdout,
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
@@ -108,7 +126,7 @@ pub async fn run(
             }
             // The timed-out `work` future, and with it the child, is dropped here:
             // kill_on_drop ends the helper itself when it kept the step's group.
-            Err(format!("timed out after {:.0}s", timeout.as_secs_f64()))
+            Err(HelperError::TimedOut(timeout))
         }
     }
 }

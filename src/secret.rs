@@ -20,8 +20,20 @@ pub fn lookup(name: &str) -> Option<String> {
 
 /// The secret called `name`, or an error that says what it is for (`what`) and where to
 /// put it.
-pub fn require(name: &str, what: &str) -> Result<String, String> {
-    lookup(name).ok_or_else(|| format!("{what} is not set ({})", where_to_set(name)))
+pub fn require(name: &str, what: &str) -> Result<String, SecretMissing> {
+    lookup(name).ok_or_else(|| SecretMissing {
+        name: name.to_string(),
+        what: what.to_string(),
+    })
+}
+
+/// A secret that is neither in the environment nor a systemd credential.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what} is not set ({})", where_to_set(.name))]
+pub struct SecretMissing {
+    pub name: String,
+    /// What needs it, for the message (`smtp password SMTP_PASS`).
+    pub what: String,
 }
 
 /// Where to put a secret, for error messages.

@@ -539,18 +539,34 @@ fn prompt(case: &Case, proposal: &Value) -> String {
     )
 }
 
-async fn ask_planner(case: &Case, cwd: &Path) -> Result<Value, String> {
+/// Why the planner gave no usable proposal.
+#[derive(Debug, thiserror::Error)]
+pub enum PlannerError {
+    #[error(transparent)]
+    Helper(#[from] crate::helper::HelperError),
+    #[error("exited with {code}: {stderr}")]
+    Exited { code: i32, stderr: String },
+    #[error("the proposal is not JSON ({0})")]
+    NotJson(serde_json::Error),
+    #[error("the proposal is not a JSON object")]
+    NotAnObject,
+}
+
+/// Asks the planner for one move: the folded case on its stdin, a JSON object out.
+async fn ask_planner(case: &Case, cwd: &Path) -> Result<Value, PlannerError> {
     let input = serde_json::to_vec(case).unwrap_or_default();
     let timeout = Duration::from_secs(case.agency.planner_timeout_s.unwrap_or(60));
     let out = crate::helper::run(&case.agency.planner, cwd, Some(&input), timeout).await?;
     if out.code != 0 {
-        return Err(format!("exited with {}: {}", out.code, out.stderr.trim()));
+        return Err(PlannerError::Exited {
+            code: out.code,
+            stderr: out.stderr.trim().to_string(),
+        });
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let v: Value =
-        serde_json::from_str(text.trim()).map_err(|e| format!("the proposal is not JSON ({e})"))?;
+    let v: Value = serde_json::from_str(text.trim()).map_err(PlannerError::NotJson)?;
     if !v.is_object() {
-        return Err("the proposal is not a JSON object".into());
+        return Err(PlannerError::NotAnObject);
     }
     Ok(v)
 }

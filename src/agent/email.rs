@@ -134,12 +134,14 @@ fn transport(smtp: &Smtp) -> Result<AsyncSmtpTransport<Tokio1Executor>, String> 
     }
     b = b.timeout(Some(Duration::from_secs(30)));
     if let Some(user_env) = &smtp.username_env {
-        let user = crate::secret::require(user_env, &format!("smtp username {user_env}"))?;
+        let user = crate::secret::require(user_env, &format!("smtp username {user_env}"))
+            .map_err(|e| e.to_string())?;
         let pass_env = smtp
             .password_env
             .as_deref()
             .unwrap_or("STEWARD_SMTP_PASSWORD");
-        let pass = crate::secret::require(pass_env, &format!("smtp password {pass_env}"))?;
+        let pass = crate::secret::require(pass_env, &format!("smtp password {pass_env}"))
+            .map_err(|e| e.to_string())?;
         b = b.credentials(Credentials::new(user, pass));
     }
     Ok(b.build())

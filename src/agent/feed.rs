@@ -89,7 +89,9 @@ fn read_file(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 async fn run_command(argv: &[String], cwd: &Path, timeout: Duration) -> Result<Vec<u8>, String> {
-    let out = crate::helper::run(argv, cwd, None, timeout).await?;
+    let out = crate::helper::run(argv, cwd, None, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
     if out.code != 0 {
         return Err(format!("command exited with {}", out.code));
     }

@@ -506,6 +506,8 @@ async fn verify_claims(agent: &Agent, cwd: &Path, claims: &[Value]) -> (usize, V
 const CLAIM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 async fn run_json(argv: &[String], cwd: &Path, input: &[u8]) -> Result<(i32, Vec<u8>), String> {
-    let out = crate::helper::run(argv, cwd, Some(input), CLAIM_TIMEOUT).await?;
+    let out = crate::helper::run(argv, cwd, Some(input), CLAIM_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok((out.code, out.stdout))
 }

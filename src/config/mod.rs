@@ -22,6 +22,23 @@ pub use workflow::{
     WebhookTrigger, Workflow, DEFAULT_COMMIT_TIMEOUT_S, DEFAULT_KILL_GRACE_S,
 };
 
+/// A workflow id the config does not have.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("no workflow named `{id}` in {} (known: {})", .dir.display(), list_or_none(.known))]
+pub struct UnknownWorkflow {
+    pub id: String,
+    pub dir: PathBuf,
+    pub known: Vec<String>,
+}
+
+fn list_or_none(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    }
+}
+
 /// The variable an agent's steps find their config snapshot in.
 pub const AGENT_SNAPSHOT_ENV: &str = "STEWARD_AGENT_SNAPSHOT";
 
@@ -80,18 +97,11 @@ impl Config {
         }
     }
 
-    pub fn workflow(&self, id: &str) -> Result<&Workflow, String> {
-        self.workflows.get(id).ok_or_else(|| {
-            let known: Vec<&str> = self.workflows.keys().map(String::as_str).collect();
-            format!(
-                "no workflow named `{id}` in {} (known: {})",
-                self.root.join("workflows").display(),
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            )
+    pub fn workflow(&self, id: &str) -> Result<&Workflow, UnknownWorkflow> {
+        self.workflows.get(id).ok_or_else(|| UnknownWorkflow {
+            id: id.to_string(),
+            dir: self.root.join("workflows"),
+            known: self.workflows.keys().cloned().collect(),
         })
     }
 }

@@ -37,7 +37,7 @@ pub(super) fn step_env(wf: &Workflow) -> std::result::Result<StepEnv, (String, R
                 match crate::secret::require(var, &format!("env.{name} needs ${var}, which")) {
                     Ok(v) => v,
                     Err(why) => {
-                        missing.push(why);
+                        missing.push(why.to_string());
                         continue;
                     }
                 }

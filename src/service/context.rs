@@ -44,9 +44,7 @@ impl Service {
     }
 
     pub(crate) fn workflow(&self, config: &Config, id: &str) -> anyhow::Result<Arc<Workflow>> {
-        Ok(Arc::new(
-            config.workflow(id).map_err(anyhow::Error::msg)?.clone(),
-        ))
+        Ok(Arc::new(config.workflow(id)?.clone()))
     }
 }
 
