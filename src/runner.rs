@@ -79,7 +79,7 @@ pub enum RunError {
     #[error(transparent)]
     Live(#[from] LiveRefused),
     /// An approval the overlap policy could not start now; the run stays in review.
-    #[error("{0}; the approval was not carried out and run stays in the review queue")]
+    #[error("{0}; the approval was not carried out and the run stays in the review queue")]
     Held(String),
     #[error(transparent)]
     Engine(#[from] EngineError),
