@@ -4,11 +4,11 @@
 //!
 //! Something fires a **workflow** (a config file under `config/workflows/`, see
 //! [`config`]) and asks the [`runner`] for a run: the one road every run takes, from a
-//! trigger, a catch-up or drain ([`drain`]), an operator's command, a review approval or
-//! an agency case turn ([`agency`]). The runner alone applies the overlap policy, the
-//! global cap, the live/dry decision ([`live`]: the file, the go-live approval, an edit
-//! since, forced dry-run, `--live`, and the reason), the in-flight list and shutdown
-//! grace, then hands the run to the engine ([`governed`]).
+//! trigger, a catch-up or a drain of queue markers ([`catchup`], [`drain`]), an operator's
+//! command, a review approval or an agency case turn ([`agency`]). The runner alone
+//! applies the overlap policy, the global cap, the live/dry decision ([`live`]: the file,
+//! the go-live approval, an edit since, forced dry-run, `--live`, and the reason), the
+//! in-flight list and shutdown grace, then hands the run to the engine ([`governed`]).
 //!
 //! A **governed run** is a state machine: the maker (`run`), then a separate checker
 //! (`verify`), then — only when live and the checker said `pass` — `commit`, the one step
