@@ -88,6 +88,25 @@ pub enum Command {
     },
     /// Check every workflow file in the config folder; report all errors, run nothing
     Validate,
+    /// When a workflow's (or agent's, or agency's) schedule fires next, from the config on disk
+    #[command(after_help = CALENDAR_HELP)]
+    Next {
+        /// Workflow, digest agent or agency id
+        workflow: String,
+        #[command(flatten)]
+        preview: PreviewArgs,
+    },
+    /// When a cron expression fires, in a time zone (like `systemd-analyze calendar`)
+    #[command(after_help = CALENDAR_HELP)]
+    Calendar {
+        /// 5 fields `m h dom mon dow`, 6 with seconds first, or @hourly/@daily/…
+        expression: String,
+        /// IANA time zone the expression is read in
+        #[arg(long, default_value = "UTC", value_name = "ZONE")]
+        tz: String,
+        #[command(flatten)]
+        preview: PreviewArgs,
+    },
     /// List workflows with their trigger and whether they run live or dry
     List {
         #[arg(long)]
@@ -284,6 +303,25 @@ pub struct DaemonArgs {
     /// Also write the daemon log to daily-rotated files in this folder
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
+}
+
+const CALENDAR_HELP: &str = "\
+Daylight saving follows ISC cron: a wildcard job (minute or hour field starting with `*`,
+and @hourly) runs in both passes of a repeated hour; a fixed-time job runs once, at the
+first pass, and a slot a skipped hour removes runs once right after the jump. Fires a
+change shaped are marked. --json prints {\"fires\": [\"2027-10-31T02:00:00+01:00\", …]}.";
+
+#[derive(Args, Debug)]
+pub struct PreviewArgs {
+    /// How many fires to show
+    #[arg(long, short = 'n', default_value_t = 5, value_name = "N")]
+    pub count: usize,
+    /// Start after this instant (RFC 3339, e.g. 2027-10-31T02:45:00+02:00) instead of now
+    #[arg(long, value_name = "RFC3339")]
+    pub from: Option<String>,
+    /// Print {"fires": [...]}
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

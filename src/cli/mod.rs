@@ -10,6 +10,7 @@
 //! (`show`).
 
 mod args;
+mod calendar;
 mod client;
 mod logs;
 mod render;
@@ -114,6 +115,14 @@ fn run_cli(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Validate => validate(&config),
+        Command::Next { workflow, preview } => {
+            calendar::workflow(&config, &workflow, &preview.into())
+        }
+        Command::Calendar {
+            expression,
+            tz,
+            preview,
+        } => calendar::expression(&expression, Some(&tz), &preview.into()),
         Command::AgentStep { step, agent } => agent_step(&config, &state, &step, &agent),
         Command::New(args) => {
             let written = crate::scaffold::create(&config, &args.workflow)?;
@@ -190,18 +199,21 @@ fn validate(config: &Path) -> Result<i32> {
                 .map(|w| w.id.as_str())
                 .collect();
             let agents: Vec<&str> = cfg.agents.keys().map(String::as_str).collect();
+            let agencies: Vec<&str> = cfg.agencies.keys().map(String::as_str).collect();
             println!(
-                "ok: {} workflow{} ({}), {} agent{} ({}), {} source{} in {}",
-                ids.len(),
-                if ids.len() == 1 { "" } else { "s" },
-                ids.join(", "),
-                agents.len(),
-                if agents.len() == 1 { "" } else { "s" },
-                agents.join(", "),
-                cfg.sources.len(),
-                if cfg.sources.len() == 1 { "" } else { "s" },
+                "ok: {}, {}, {}, {} in {}",
+                counted(&ids, "workflow", "workflows"),
+                counted(&agents, "agent", "agents"),
+                counted(&agencies, "agency", "agencies"),
+                match cfg.sources.len() {
+                    1 => "1 source".to_string(),
+                    n => format!("{n} sources"),
+                },
                 config.display()
             );
+            for (id, spec) in calendar::schedules(&cfg) {
+                println!("  {}", calendar::next_line(id, spec));
+            }
             Ok(0)
         }
         Err(errors) => {
@@ -216,6 +228,15 @@ fn validate(config: &Path) -> Result<i32> {
             );
             Ok(1)
         }
+    }
+}
+
+/// `2 workflows (a, b)`, `1 agent (x)`, `0 agencies`.
+fn counted(names: &[&str], one: &str, many: &str) -> String {
+    match names.len() {
+        0 => format!("0 {many}"),
+        1 => format!("1 {one} ({})", names[0]),
+        n => format!("{n} {many} ({})", names.join(", ")),
     }
 }
 

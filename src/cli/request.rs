@@ -123,7 +123,13 @@ pub fn of(command: Command) -> Result<(Request, View)> {
             },
             View::default(),
         ),
-        C::Daemon(_) | C::Validate | C::New(_) | C::Logs { .. } | C::AgentStep { .. } => {
+        C::Daemon(_)
+        | C::Validate
+        | C::Next { .. }
+        | C::Calendar { .. }
+        | C::New(_)
+        | C::Logs { .. }
+        | C::AgentStep { .. } => {
             unreachable!("run by the CLI itself")
         }
     })

@@ -3,6 +3,7 @@
 //! folder fed by `steward enqueue`) and [`webhook`] (signed HTTP POSTs). Manual fires come
 //! from `steward run`.
 
+pub mod calendar;
 pub mod file;
 pub mod queue;
 pub mod schedule;

@@ -2,9 +2,9 @@
 //!
 //! tokio-cron-scheduler freezes a time zone's UTC offset when a job is created (so after a
 //! DST change a 09:00 Berlin job would fire at 10:00). steward therefore computes every
-//! fire itself — croner over the schedule's own time zone (chrono-tz), which applies ISC
-//! cron's rule: a fixed-time job in a skipped hour runs once right after the jump, and in a
-//! repeated hour runs once — and hands the scheduler a one-shot job for that UTC instant.
+//! fire itself — [`super::calendar`], croner over the schedule's own time zone (chrono-tz)
+//! with ISC cron's daylight-saving rules — and hands the scheduler a one-shot job for that
+//! UTC instant.
 //!
 //! The scheduler stores one-shot times in whole seconds and can wake a job up to a second
 //! early; the worker then waits out the rest, so no run ever starts before its slot.
@@ -17,14 +17,14 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, SubsecRound, TimeZone, Utc};
+use chrono::{DateTime, TimeZone, Utc};
 use chrono_tz::Tz;
-use croner::parser::{CronParser, Seconds};
-use croner::Cron;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
+
+use super::calendar::{Calendar, Fire};
 
 /// A `schedule = { cron, timezone, catchup, catchup_window_s }` trigger as configured.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
@@ -54,7 +54,7 @@ impl Schedule {
 /// A parsed schedule: the cron pattern and the zone it is read in.
 #[derive(Debug, Clone)]
 pub struct Schedule {
-    cron: Cron,
+    pub calendar: Calendar,
     pub tz: Tz,
     pub catchup: Catchup,
     /// How far back missed fires are still worth running (default: one period).
@@ -80,18 +80,12 @@ const MAX_MISSED: usize = 10_000;
 
 impl Schedule {
     pub fn parse(spec: &ScheduleTrigger) -> Result<Schedule, String> {
-        let parser = CronParser::builder().seconds(Seconds::Optional).build();
-        let cron = parser
-            .parse(spec.cron.trim())
-            .map_err(|e| format!("schedule.cron `{}` is not a cron expression: {e} (5 fields `m h dom mon dow`, 6 with seconds first, or @hourly/@daily/@weekly/@monthly/@yearly)", spec.cron))?;
         let tz = match &spec.timezone {
             None => Tz::UTC,
-            Some(name) => Tz::from_str(name).map_err(|_| {
-                format!(
-                    "schedule.timezone `{name}` is not an IANA time zone (e.g. Europe/Berlin, UTC)"
-                )
-            })?,
+            Some(name) => parse_zone(name)?,
         };
+        let calendar =
+            Calendar::parse(&spec.cron, tz).map_err(|e| format!("schedule.cron: {e}"))?;
         let catchup = match spec.catchup.as_deref() {
             None | Some("latest") => Catchup::Latest,
             Some("all") => Catchup::All,
@@ -103,7 +97,7 @@ impl Schedule {
             }
         };
         let s = Schedule {
-            cron,
+            calendar,
             tz,
             catchup,
             catchup_window: spec.catchup_window_s.map(Duration::from_secs),
@@ -116,25 +110,12 @@ impl Schedule {
 
     /// The first slot strictly after `after`.
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        // croner searches by wall-clock time; asked from inside a repeated (fall-back)
-        // hour it can answer with the first pass of that hour, which is already past.
-        // Step the start forward until the answer really lies ahead (bounded: the
-        // repeated hour is at most two hours long).
-        // croner carries the start's fraction of a second into its answer: start from the
-        // whole second so slots land on whole seconds.
-        let mut from = after.trunc_subsecs(0);
-        for _ in 0..7200 {
-            let found = self
-                .cron
-                .find_next_occurrence(&from.with_timezone(&self.tz), false)
-                .ok()?
-                .with_timezone(&Utc);
-            if found > after {
-                return Some(found);
-            }
-            from += chrono::Duration::seconds(1);
-        }
-        None
+        self.next_fire(after).map(|f| f.at)
+    }
+
+    /// The first fire strictly after `after`, with how a DST change shaped it.
+    pub fn next_fire(&self, after: DateTime<Utc>) -> Option<Fire> {
+        self.calendar.next_after(after)
     }
 
     /// Slots in `(after, until]`, oldest first, at most [`MAX_MISSED`].
@@ -169,6 +150,13 @@ impl Schedule {
             .format("%Y-%m-%d %H:%M:%S %Z")
             .to_string()
     }
+}
+
+/// An IANA zone name, or an error saying what was expected.
+pub fn parse_zone(name: &str) -> Result<Tz, String> {
+    Tz::from_str(name).map_err(|_| {
+        format!("schedule.timezone `{name}` is not an IANA time zone (e.g. Europe/Berlin, UTC)")
+    })
 }
 
 /// Called with each slot as it comes due.
@@ -410,6 +398,7 @@ mod tests {
 #[cfg(test)]
 mod run_tests {
     use super::*;
+    use chrono::SubsecRound;
     use std::sync::Mutex;
 
     /// A clock stepped backwards: the last fired slot lies ahead of "now". Nothing at or
