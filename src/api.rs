@@ -136,6 +136,12 @@ pub struct Status {
     pub workflows: Vec<WorkflowRow>,
     pub webhook_listen: Option<String>,
     pub process_containment: String,
+    /// When the running config was loaded (RFC 3339, UTC).
+    #[serde(default)]
+    pub config_loaded_at: String,
+    /// Errors of an edit the daemon could not load; it runs the older config meanwhile.
+    #[serde(default)]
+    pub config_errors: Vec<String>,
 }
 
 /// What `steward drain` did, line by line, and the worst run's exit code.

@@ -337,16 +337,17 @@ fn sighup_keeps_the_running_set_on_a_broken_file_and_loads_a_fixed_one() {
     wait_for(
         "the reload error in the log",
         Duration::from_secs(10),
-        || d.log_text().contains(&want),
+        || d.log_text().contains(&format!("SIGHUP: {}", b.display())),
     );
+    assert!(d.log_text().contains(&want), "{}", d.log_text());
     assert!(
         d.log_text().contains("keeping the running config"),
         "{}",
         d.log_text()
     );
+    // The running set (what status shows) is the old one.
     let ids = |env: &Env| -> Vec<String> {
-        env.steward(&["list", "--json"])
-            .json()
+        env.steward(&["status", "--json"]).json()["workflows"]
             .as_array()
             .unwrap()
             .iter()

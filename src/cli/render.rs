@@ -220,6 +220,23 @@ pub fn status(out: &mut String, s: &Value) {
             "FORCED DRY-RUN: every workflow skips its commit (SIGUSR2 lifts it)"
         );
     }
+    let errors = s["config_errors"].as_array().map_or(&[][..], Vec::as_slice);
+    wln!(
+        out,
+        "config: {} · loaded {}",
+        s["config_dir"].as_str().unwrap_or("?"),
+        s["config_loaded_at"].as_str().unwrap_or("?")
+    );
+    if !errors.is_empty() {
+        wln!(
+            out,
+            "CONFIG EDIT NOT LOADED: {} error(s); the daemon keeps running the config above until they are fixed:",
+            errors.len()
+        );
+        for e in errors {
+            wln!(out, "  {}", e.as_str().unwrap_or(""));
+        }
+    }
     wln!(
         out,
         "runs in flight: {}",

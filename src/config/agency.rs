@@ -131,7 +131,7 @@ pub fn load(
         }
         if let Some(s) = &a.trigger.schedule {
             if let Err(e) = crate::trigger::schedule::Schedule::parse(s) {
-                problems.push(e);
+                problems.push(e.to_string());
             }
         }
         if problems.is_empty() {

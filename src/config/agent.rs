@@ -308,7 +308,7 @@ pub fn load(
                     catchup_window_s: Some(agent.expiry_days * 86_400),
                 };
                 if let Err(e) = crate::trigger::schedule::Schedule::parse(&s) {
-                    errors.push(ConfigError::whole_file(&file, &e));
+                    errors.push(ConfigError::whole_file(&file, e.to_string()));
                     continue;
                 }
                 Trigger::Schedule(s)

@@ -79,6 +79,8 @@ pub struct Config {
     pub sources: Vec<agent::Source>,
     /// Agencies by id.
     pub agencies: BTreeMap<String, agency::Agency>,
+    /// The folder's [`fingerprint`] just before it was read.
+    pub fingerprint: String,
 }
 
 impl Config {
@@ -106,6 +108,53 @@ impl Config {
     }
 }
 
+/// What the config folder's TOML files look like on disk — each one's path, size,
+/// modification time and inode — hashed. Equal fingerprints mean no file was edited,
+/// added, removed or replaced; it costs a `stat` per file, no reads.
+pub fn fingerprint(root: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::MetadataExt;
+    let mut files = Vec::new();
+    toml_tree(root, 0, &mut files);
+    files.sort();
+    let mut hash = Sha256::new();
+    for path in files {
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        hash.update(path.as_os_str().as_encoded_bytes());
+        for n in [
+            meta.len(),
+            meta.mtime() as u64,
+            meta.mtime_nsec() as u64,
+            meta.ino(),
+        ] {
+            hash.update(n.to_le_bytes());
+        }
+    }
+    format!("{:x}", hash.finalize())
+}
+
+/// Every `*.toml` under `dir` (hidden names skipped, four levels at most).
+fn toml_tree(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if path.is_dir() {
+            if depth < 4 {
+                toml_tree(&path, depth + 1, out);
+            }
+        } else if path.extension().is_some_and(|e| e == "toml") {
+            out.push(path);
+        }
+    }
+}
+
 /// Loads every `*.toml` under `DIR/workflows/`, collecting all errors.
 pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
     // Steps run with the config folder as their working folder: resolve it once, absolutely.
@@ -119,6 +168,8 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
         agents: BTreeMap::new(),
         sources: Vec::new(),
         agencies: BTreeMap::new(),
+        // Taken before reading: an edit made while loading shows as a change later.
+        fingerprint: fingerprint(root),
     };
     let settings_file = root.join("steward.toml");
     if settings_file.exists() {

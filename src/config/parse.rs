@@ -16,8 +16,8 @@ use toml::Spanned;
 
 use crate::budget::Caps;
 use crate::template;
-use crate::trigger::schedule::Schedule;
 pub use crate::trigger::schedule::ScheduleTrigger;
+use crate::trigger::schedule::{Schedule, ScheduleError};
 
 use super::file::{line_col, parse_toml, read_bytes, valid_id, ConfigError};
 use super::workflow::*;
@@ -28,13 +28,26 @@ struct RawTrigger {
     #[serde(default)]
     manual: Option<bool>,
     #[serde(default)]
-    schedule: Option<ScheduleTrigger>,
+    schedule: Option<Spanned<RawSchedule>>,
     #[serde(default)]
-    file: Option<FileTrigger>,
+    file: Option<Spanned<FileTrigger>>,
     #[serde(default)]
-    queue: Option<String>,
+    queue: Option<Spanned<String>>,
     #[serde(default)]
-    webhook: Option<WebhookTrigger>,
+    webhook: Option<Spanned<WebhookTrigger>>,
+}
+
+/// `schedule = { … }` with each value's place in the file, so an error points at it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSchedule {
+    cron: Spanned<String>,
+    #[serde(default)]
+    timezone: Option<Spanned<String>>,
+    #[serde(default)]
+    catchup: Option<Spanned<String>>,
+    #[serde(default)]
+    catchup_window_s: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -236,32 +249,38 @@ impl Validator<'_> {
             kinds.push(Trigger::Manual);
         }
         if let Some(s) = t.schedule {
-            if let Err(e) = Schedule::parse(&s) {
-                self.err(span.clone(), e);
-            }
-            kinds.push(Trigger::Schedule(s));
+            kinds.push(Trigger::Schedule(self.schedule(s)));
         }
         if let Some(f) = t.file {
+            let span = f.span();
+            let f = f.into_inner();
             if let Err(e) = globset::Glob::new(&f.pattern) {
                 self.err(
-                    span.clone(),
+                    span,
                     format!("trigger.file.pattern `{}` is not a glob: {e}", f.pattern),
                 );
             }
             kinds.push(Trigger::File(f));
         }
         if let Some(q) = t.queue {
-            if !valid_id(&q) {
+            if !valid_id(q.get_ref()) {
                 self.err(
-                    span.clone(),
-                    format!("trigger.queue `{q}` is not a valid queue name (a-z, 0-9, `-`, `_`)"),
+                    q.span(),
+                    format!(
+                        "trigger.queue `{}` is not a valid queue name (a-z, 0-9, `-`, `_`)",
+                        q.get_ref()
+                    ),
                 );
             }
-            kinds.push(Trigger::Queue { queue: q });
+            kinds.push(Trigger::Queue {
+                queue: q.into_inner(),
+            });
         }
         if let Some(w) = t.webhook {
+            let span = w.span();
+            let w = w.into_inner();
             if !w.path.starts_with('/') {
-                self.err(span.clone(), "trigger.webhook.path must start with `/`");
+                self.err(span, "trigger.webhook.path must start with `/`");
             }
             kinds.push(Trigger::Webhook(w));
         }
@@ -279,6 +298,27 @@ impl Validator<'_> {
                 None
             }
         }
+    }
+
+    /// The schedule, each error at the value it is about.
+    fn schedule(&mut self, raw: Spanned<RawSchedule>) -> ScheduleTrigger {
+        let span = raw.span();
+        let raw = raw.into_inner();
+        let spec = ScheduleTrigger {
+            cron: raw.cron.get_ref().clone(),
+            timezone: raw.timezone.as_ref().map(|t| t.get_ref().clone()),
+            catchup: raw.catchup.as_ref().map(|c| c.get_ref().clone()),
+            catchup_window_s: raw.catchup_window_s,
+        };
+        if let Err(e) = Schedule::parse(&spec) {
+            let at = match &e {
+                ScheduleError::Cron(_) | ScheduleError::NeverFires(_) => raw.cron.span(),
+                ScheduleError::Timezone(_) => raw.timezone.map_or(span, |t| t.span()),
+                ScheduleError::Catchup(_) => raw.catchup.map_or(span, |c| c.span()),
+            };
+            self.err(at, e.to_string());
+        }
+        spec
     }
 
     fn budget(&mut self, raw: Option<Spanned<RawBudget>>) -> Option<Caps> {

@@ -6,15 +6,17 @@
 //! missed while down and drain the queue markers, then start the triggers. Signals are
 //! turned into events in one place: HUP reloads (validate first; on any error the running
 //! set stays), USR1/USR2 force and lift dry-run for every workflow, TERM/INT stop (a
-//! second one cuts the grace short). Runs are never cut short by a reload.
+//! second one cuts the grace short). An edit to the config folder reloads the same way
+//! without a signal ([`live_config`]). Runs are never cut short by a reload.
 
+mod live_config;
 mod shared;
 mod triggers;
 
 pub use shared::Shared;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
@@ -77,7 +79,10 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         engine,
         config_dir: opts.config_dir.clone(),
         state_dir: state_dir.clone(),
-        config: RwLock::new(Arc::new(config)),
+        config: Arc::new(live_config::LiveConfig::new(
+            opts.config_dir.clone(),
+            config,
+        )),
         started: Instant::now(),
         queue_wakes: Mutex::new(Default::default()),
         webhook_addr: Mutex::new(None),
@@ -99,6 +104,8 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     let mut triggers = triggers::Triggers::start(shared.clone()).await?;
     triggers.catch_up_and_drain().await;
     triggers.reconcile().await;
+    let stop_following = CancellationToken::new();
+    let follow_task = tokio::spawn(shared.config.clone().follow(stop_following.clone()));
 
     let mut signals = signal_hook_tokio::Signals::new([SIGHUP, SIGUSR1, SIGUSR2, SIGTERM, SIGINT])
         .context("cannot install signal handlers")?;
@@ -126,7 +133,8 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
             sig = signals.next() => match sig {
                 Some(SIGHUP) => {
                     notify_systemd(&[sd_notify::NotifyState::Reloading]);
-                    reload(&shared, &mut triggers).await;
+                    let live = shared.config.clone();
+                    let _ = tokio::task::spawn_blocking(move || live.reload(true, "SIGHUP")).await;
                     notify_systemd(&[sd_notify::NotifyState::Ready]);
                 }
                 Some(SIGUSR1) => {
@@ -143,12 +151,16 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
                 }
                 None => break,
             },
+            // A new config was swapped in (an edit, SIGHUP, or a command that read it).
+            _ = shared.config.swapped.notified() => triggers.reconcile().await,
             _ = shutdown.cancelled() => break,
             _ = watchdog_tick.tick(), if watchdog.is_some() => notify_systemd(&[sd_notify::NotifyState::Watchdog]),
         }
     }
 
     notify_systemd(&[sd_notify::NotifyState::Stopping]);
+    stop_following.cancel();
+    let _ = follow_task.await;
     triggers.stop_all().await;
     // A second TERM or INT during the grace period kills the runs at once.
     let now = CancellationToken::new();
@@ -179,28 +191,6 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     crate::control_socket::remove(&state_dir);
     tracing::info!("steward daemon stopped");
     Ok(())
-}
-
-/// SIGHUP: load and validate everything first; only a fully valid config replaces the
-/// running one. Trigger tasks whose definition did not change keep running.
-async fn reload(shared: &Arc<Shared>, triggers: &mut triggers::Triggers) {
-    match crate::config::load_dir(&shared.config_dir) {
-        Ok(config) => {
-            let n = config.workflows.len();
-            *shared.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
-            triggers.reconcile().await;
-            tracing::info!(workflows = n, "SIGHUP: config reloaded");
-        }
-        Err(errors) => {
-            for e in &errors {
-                tracing::error!("SIGHUP: {e}");
-            }
-            tracing::error!(
-                "SIGHUP: {} error(s): keeping the running config",
-                errors.len()
-            );
-        }
-    }
 }
 
 fn notify_systemd(state: &[sd_notify::NotifyState]) {

@@ -3,16 +3,18 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde_json::Value;
 
+use super::live_config::LiveConfig;
 use crate::config::{Config, Workflow};
 use crate::governed::{Engine, Fire};
 use crate::live::Ask;
 use crate::runner::{Job, Runner};
+use crate::service::RunningConfig;
 use crate::store::RunRecord;
 
 /// What the daemon's tasks and the control socket share.
@@ -21,27 +23,31 @@ pub struct Shared {
     pub runner: Runner,
     pub config_dir: PathBuf,
     pub state_dir: PathBuf,
-    pub(super) config: RwLock<Arc<Config>>,
+    pub(super) config: Arc<LiveConfig>,
     pub(super) started: Instant,
     pub(super) queue_wakes: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
     pub(super) webhook_addr: Mutex<Option<SocketAddr>>,
 }
 
 impl Shared {
+    /// The config the daemon runs on (the last valid one).
     pub fn config(&self) -> Arc<Config> {
-        self.config
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.config.running()
     }
 
     pub fn forced_dry_run(&self) -> bool {
         self.runner.forced_dry_run()
     }
 
-    /// The current definition of a workflow (it may have changed with a reload).
+    /// A workflow as its file says now (reloaded first if the folder changed; the last
+    /// valid definition while an edit is broken).
     pub fn workflow(&self, id: &str) -> Option<Arc<Workflow>> {
-        self.config().workflows.get(id).cloned().map(Arc::new)
+        self.config
+            .fresh_or_running()
+            .workflows
+            .get(id)
+            .cloned()
+            .map(Arc::new)
     }
 
     /// A triggered fire; resolves to the run's record, None if nothing ran (stopping,
@@ -93,8 +99,21 @@ impl Shared {
 }
 
 impl crate::service::Daemon for Shared {
-    fn config(&self) -> Arc<Config> {
-        Shared::config(self)
+    fn config(&self) -> Result<Arc<Config>> {
+        self.config.fresh().map_err(|p| self.config.explain(&p))
+    }
+
+    fn running_config(&self) -> RunningConfig {
+        let _ = self.config.fresh();
+        RunningConfig {
+            config: self.config.running(),
+            loaded_at: self.config.loaded_at(),
+            errors: self
+                .config
+                .problem()
+                .map(|p| p.errors.iter().map(|e| e.to_string()).collect())
+                .unwrap_or_default(),
+        }
     }
 
     fn uptime(&self) -> Duration {

@@ -14,12 +14,23 @@ use crate::runner::Runner;
 
 /// What the running daemon lends the service.
 pub trait Daemon: Send + Sync {
-    /// The config the daemon runs on now.
-    fn config(&self) -> Arc<Config>;
+    /// The config as the folder holds it now (the daemon reloads first if it changed), or
+    /// the errors of an edit it could not load.
+    fn config(&self) -> anyhow::Result<Arc<Config>>;
+    /// The config the daemon runs on, and what keeps a newer edit out.
+    fn running_config(&self) -> RunningConfig;
     fn uptime(&self) -> Duration;
     fn webhook_listen(&self) -> Option<String>;
     /// Puts an item on a queue and wakes the queue's trigger.
     fn enqueue(&self, queue: &str, payload: &Value) -> anyhow::Result<String>;
+}
+
+/// The config a daemon runs on, when it was loaded, and the errors of a later edit that
+/// could not be (empty when the folder and the daemon agree).
+pub struct RunningConfig {
+    pub config: Arc<Config>,
+    pub loaded_at: chrono::DateTime<chrono::Utc>,
+    pub errors: Vec<String>,
 }
 
 pub struct Service {
@@ -38,7 +49,7 @@ impl Service {
     /// The config requests are answered against: the daemon's, or the folder's now.
     pub fn config(&self) -> anyhow::Result<Arc<Config>> {
         match &self.daemon {
-            Some(d) => Ok(d.config()),
+            Some(d) => d.config(),
             None => Ok(Arc::new(load_config(&self.config_dir)?)),
         }
     }

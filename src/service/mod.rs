@@ -12,7 +12,7 @@ mod runs;
 mod workflows;
 
 use context::Handled;
-pub use context::{load_config, Daemon, Service};
+pub use context::{load_config, Daemon, RunningConfig, Service};
 
 use crate::api::{Request, Response};
 

@@ -42,7 +42,7 @@ pub(super) fn status(service: &Service) -> Handled {
             service.state_dir.display()
         );
     };
-    let config = daemon.config();
+    let running = daemon.running_config();
     let up = daemon.uptime().as_secs();
     Ok(Response::Status(Box::new(Status {
         pid: std::process::id(),
@@ -53,7 +53,11 @@ pub(super) fn status(service: &Service) -> Handled {
         forced_dry_run: service.runner.forced_dry_run(),
         in_flight: service.runner.in_flight(),
         waiting: service.runner.waiting(),
-        workflows: rows(service, &config)?,
+        workflows: rows(service, &running.config)?,
+        config_loaded_at: running
+            .loaded_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        config_errors: running.errors,
         webhook_listen: daemon.webhook_listen(),
         process_containment: crate::containment::describe(),
     })))

@@ -51,6 +51,19 @@ impl Schedule {
     }
 }
 
+/// What is wrong with a schedule, by the value at fault.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("schedule.cron: {0}")]
+    Cron(String),
+    #[error("{0}")]
+    Timezone(String),
+    #[error("{0}")]
+    Catchup(String),
+    #[error("schedule.cron `{0}` never fires (no date matches it)")]
+    NeverFires(String),
+}
+
 /// A parsed schedule: the cron pattern and the zone it is read in.
 #[derive(Debug, Clone)]
 pub struct Schedule {
@@ -79,21 +92,20 @@ const EARLY: Duration = Duration::from_secs(1);
 const MAX_MISSED: usize = 10_000;
 
 impl Schedule {
-    pub fn parse(spec: &ScheduleTrigger) -> Result<Schedule, String> {
+    pub fn parse(spec: &ScheduleTrigger) -> Result<Schedule, ScheduleError> {
         let tz = match &spec.timezone {
             None => Tz::UTC,
-            Some(name) => parse_zone(name)?,
+            Some(name) => parse_zone(name).map_err(ScheduleError::Timezone)?,
         };
-        let calendar =
-            Calendar::parse(&spec.cron, tz).map_err(|e| format!("schedule.cron: {e}"))?;
+        let calendar = Calendar::parse(&spec.cron, tz).map_err(ScheduleError::Cron)?;
         let catchup = match spec.catchup.as_deref() {
             None | Some("latest") => Catchup::Latest,
             Some("all") => Catchup::All,
             Some("none") => Catchup::None,
             Some(other) => {
-                return Err(format!(
+                return Err(ScheduleError::Catchup(format!(
                     "schedule.catchup `{other}` must be latest, all or none"
-                ))
+                )))
             }
         };
         let s = Schedule {
@@ -103,7 +115,7 @@ impl Schedule {
             catchup_window: spec.catchup_window_s.map(Duration::from_secs),
         };
         if s.next_after(Utc::now()).is_none() {
-            return Err(format!("schedule.cron `{}` never fires", spec.cron));
+            return Err(ScheduleError::NeverFires(spec.cron.clone()));
         }
         Ok(s)
     }
