@@ -108,13 +108,25 @@ fn the_seeds_worked_example_resolves_with_a_receipt_per_dispatch() {
     );
 }
 
+/// A typo'd case id must not look like a turn that merely waits: a script looping
+/// "advance until resolved" would spin forever on exit 0. (The seed answers
+/// `needs_input`; the issue that found the loop wins.)
 #[test]
-fn no_case_needs_input() {
+fn advancing_a_case_that_does_not_exist_or_with_no_driver_is_an_error() {
     let env = Env::new();
     docs_agency(&env, DOCS_PLANNER, LIMITS_50, "");
-    let (code, v) = advance(&env, "nope", "alice", false);
-    assert_eq!(code, 0);
-    assert_eq!(v["agency_turn"]["status"], "needs_input");
+    let out = env.steward(&["case", "advance", "nope", "--driver", "alice"]);
+    assert_eq!(out.code, 1, "{out}");
+    assert!(
+        out.stderr.contains("no case `nope`") && out.stderr.contains("case open"),
+        "{out}"
+    );
+    env.steward(&["case", "open", "--agency", "docs", "--case", "c1"]);
+    let out = env.steward(&["case", "advance", "c1", "--driver", ""]);
+    assert_eq!(out.code, 1, "{out}");
+    assert!(out.stderr.contains("--driver is empty"), "{out}");
+    let status = env.steward(&["case", "status", "c1", "--json"]).json();
+    assert_eq!(status["turns"], 0, "an empty driver advanced the case");
 }
 
 #[test]
@@ -400,20 +412,34 @@ fn the_example_agency_in_config_resolves() {
         st(&["case", "open", "--agency", "docs-team", "--case", "rel-2"]).code,
         0
     );
-    let mut last = String::new();
-    for _ in 0..4 {
+    // researcher, writer, then the publisher, whose `publish` scope waits for approval.
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
         let out = st(&[
             "case", "advance", "rel-2", "--driver", "test", "--run", "--json",
         ]);
-        last = out.json()["agency_turn"]["status"]
+        let status = out.json()["agency_turn"]["status"]
             .as_str()
             .unwrap_or("")
             .to_string();
-        if last != "advanced" {
-            break;
+        statuses.push(status.clone());
+        match status.as_str() {
+            "advanced" => {}
+            "awaiting_approval" => assert_eq!(st(&["case", "approve", "rel-2"]).code, 0),
+            _ => break,
         }
     }
-    assert_eq!(last, "resolved");
+    assert_eq!(
+        statuses,
+        [
+            "advanced",
+            "advanced",
+            "awaiting_approval",
+            "advanced",
+            "resolved"
+        ]
+    );
+    assert_eq!(st(&["case", "verify", "rel-2"]).code, 0);
 }
 
 #[test]

@@ -29,6 +29,11 @@ pub enum CaseError {
     Run(#[from] RunError),
 }
 
+/// Whether a member run with this end state did its work.
+fn done(state: &str) -> bool {
+    state == "success" || state == "clean-no-op"
+}
+
 /// One sealed event of a case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -145,7 +150,8 @@ pub struct Case {
     pub awaiting: Option<Value>,
     pub approved: bool,
     pub receipts: Vec<Receipt>,
-    /// Members with a successful receipt, for planners that only need that.
+    /// Members with a receipt that did the work — `success`, or `clean-no-op` (it was
+    /// already done: the key had committed) — for planners that only need that.
     pub done_members: Vec<String>,
     /// Member runs that ended without a result of their own (interrupted by a shutdown,
     /// skipped by overlap): their dispatch stays pending, so a later advance redoes it.
@@ -290,7 +296,7 @@ pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, String> {
             EventKind::MemberResult => {
                 if let Ok(r) = serde_json::from_value::<Receipt>(e.data.clone()) {
                     c.spend_usd += r.spend_usd;
-                    if r.state == "success" && !c.done_members.contains(&r.member) {
+                    if done(&r.state) && !c.done_members.contains(&r.member) {
                         c.done_members.push(r.member.clone());
                     }
                     if r.state == "approval-required" {
@@ -306,7 +312,7 @@ pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, String> {
                 let state = e.data["state"].as_str().unwrap_or("");
                 if let Some(r) = c.receipts.iter_mut().find(|r| r.run_id == run_id) {
                     r.state = state.to_string();
-                    if state == "success" && !c.done_members.contains(&r.member) {
+                    if done(state) && !c.done_members.contains(&r.member) {
                         c.done_members.push(r.member.clone());
                     }
                 }

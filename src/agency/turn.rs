@@ -112,9 +112,16 @@ pub async fn advance(
     member_result: Option<Receipt>,
     run: bool,
 ) -> Result<Turn, CaseError> {
+    if driver.trim().is_empty() {
+        return Err(CaseError::Refused(
+            "--driver is empty: name who drives this turn (it is part of the turn's key), e.g. --driver \"$USER\"".into(),
+        ));
+    }
     let engine = runner.engine();
     let Some((mut case, _)) = load(engine, case_id)? else {
-        return Ok(no_case(case_id));
+        return Err(CaseError::Refused(format!(
+            "no case `{case_id}` (see `steward case list`; open one with `steward case open --agency AGENCY --case {case_id}`)"
+        )));
     };
     if let Some(t) = closed(&case) {
         return Ok(t);
@@ -265,22 +272,6 @@ fn member_turn(m: MemberRun) -> Result<Turn, CaseError> {
     t.dispatch = Some(d);
     t.receipt = Some(rec.run_id);
     Ok(t)
-}
-
-fn no_case(case_id: &str) -> Turn {
-    Turn {
-        schema: SCHEMA.into(),
-        status: "needs_input".into(),
-        case_id: case_id.into(),
-        turn: 0,
-        dispatch: None,
-        approval_prompt: None,
-        resolution: None,
-        predicates: json!({}),
-        reason: Some(format!("no case {case_id}")),
-        next: format!("open it: steward case open --agency AGENCY --case {case_id}"),
-        receipt: None,
-    }
 }
 
 /// A resolved or failed case advances no further.

@@ -116,22 +116,27 @@ fn show(expr: &str, calendar: &Calendar, preview: &Preview) -> Result<i32> {
     let fires = calendar.fires(start, preview.count);
     if preview.json {
         let fires: Vec<String> = fires.iter().map(|f| calendar.local_rfc3339(f.at)).collect();
-        println!("{}", serde_json::json!({ "fires": fires }));
+        super::print_out(&format!("{}\n", serde_json::json!({ "fires": fires })));
         return Ok(0);
     }
     let rule = match calendar.kind {
         Kind::Wildcard => "wildcard job: runs in both passes of a repeated hour",
         Kind::FixedTime => "fixed-time job: once in a repeated hour, right after a skipped one",
     };
-    println!("  expression: {}", expr.trim());
-    println!("   time zone: {} ({rule})", calendar.tz.name());
-    println!("        from: {}", calendar.local_rfc3339(start));
+    let mut text = format!(
+        "  expression: {}\n   time zone: {} ({rule})\n        from: {}\n",
+        expr.trim(),
+        calendar.tz.name(),
+        calendar.local_rfc3339(start)
+    );
     if fires.is_empty() {
-        println!("no fires after that");
+        text.push_str("no fires after that\n");
     }
     for (n, fire) in fires.iter().enumerate() {
-        println!("{}", line(calendar, n + 1, fire));
+        text.push_str(&line(calendar, n + 1, fire));
+        text.push('\n');
     }
+    super::print_out(&text);
     Ok(0)
 }
 

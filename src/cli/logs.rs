@@ -43,7 +43,7 @@ pub fn print(state: &Path, filter: Filter, last: usize, json: bool, follow: bool
         }
         pos = lines.iter().map(|l| l.len() as u64).sum();
     } else if !follow {
-        println!("no runlog yet at {}", path.display());
+        super::print_out(&format!("no runlog yet at {}\n", path.display()));
         return Ok(());
     }
     let kept: Vec<&String> = lines
@@ -51,7 +51,9 @@ pub fn print(state: &Path, filter: Filter, last: usize, json: bool, follow: bool
         .filter(|l| parse(l).is_none_or(|e| filter.keeps(&e)))
         .collect();
     for line in &kept[kept.len().saturating_sub(last)..] {
-        emit(line, json);
+        if !emit(line, json) {
+            return Ok(()); // the reader went away (`steward logs | head`)
+        }
     }
     if !follow {
         return Ok(());
@@ -78,8 +80,8 @@ pub fn print(state: &Path, filter: Filter, last: usize, json: bool, follow: bool
                 break;
             }
             pos += buf.len() as u64;
-            if parse(&buf).is_none_or(|e| filter.keeps(&e)) {
-                emit(&buf, json);
+            if parse(&buf).is_none_or(|e| filter.keeps(&e)) && !emit(&buf, json) {
+                return Ok(());
             }
             buf.clear();
         }
@@ -90,13 +92,13 @@ fn parse(line: &str) -> Option<Entry> {
     serde_json::from_str(line).ok()
 }
 
-fn emit(line: &str, json: bool) {
+/// Prints one runlog line; false once stdout's reader is gone.
+fn emit(line: &str, json: bool) -> bool {
     if json {
-        print!("{line}");
-        return;
+        return super::print_out(line);
     }
     match parse(line) {
-        Some(e) => println!("{}", runlog::render(&e)),
-        None => println!("(unreadable runlog line) {}", line.trim_end()),
+        Some(e) => super::print_out(&format!("{}\n", runlog::render(&e))),
+        None => super::print_out(&format!("(unreadable runlog line) {}\n", line.trim_end())),
     }
 }

@@ -126,10 +126,12 @@ fn run_cli(cli: Cli) -> Result<i32> {
         Command::AgentStep { step, agent } => agent_step(&config, &state, &step, &agent),
         Command::New(args) => {
             let written = crate::scaffold::create(&config, &args.workflow)?;
+            let mut text = String::new();
             for p in &written {
-                println!("wrote {}", p.display());
+                text.push_str(&format!("wrote {}\n", p.display()));
             }
-            println!("next: edit the ten sections, then `steward validate` and `steward run {}` (dry-run)", args.workflow);
+            text.push_str(&format!("next: edit the ten sections, then `steward validate` and `steward run {}` (dry-run)\n", args.workflow));
+            print_out(&text);
             Ok(0)
         }
         Command::Logs {
@@ -150,7 +152,7 @@ fn run_cli(cli: Cli) -> Result<i32> {
                 None => (answer_here(&config, &state, request)?, true),
             };
             let shown = show::response(&response, &view, local);
-            print!("{}", shown.stdout);
+            print_out(&shown.stdout);
             eprint!("{}", shown.stderr);
             Ok(shown.code)
         }
@@ -200,8 +202,8 @@ fn validate(config: &Path) -> Result<i32> {
                 .collect();
             let agents: Vec<&str> = cfg.agents.keys().map(String::as_str).collect();
             let agencies: Vec<&str> = cfg.agencies.keys().map(String::as_str).collect();
-            println!(
-                "ok: {}, {}, {}, {} in {}",
+            let mut text = format!(
+                "ok: {}, {}, {}, {} in {}\n",
                 counted(&ids, "workflow", "workflows"),
                 counted(&agents, "agent", "agents"),
                 counted(&agencies, "agency", "agencies"),
@@ -212,8 +214,9 @@ fn validate(config: &Path) -> Result<i32> {
                 config.display()
             );
             for (id, spec) in calendar::schedules(&cfg) {
-                println!("  {}", calendar::next_line(id, spec));
+                text.push_str(&format!("  {}\n", calendar::next_line(id, spec)));
             }
+            print_out(&text);
             Ok(0)
         }
         Err(errors) => {
@@ -301,6 +304,17 @@ pub fn report_recovery(recovery: &crate::store::Recovery) {
             recovery.keys_in_doubt.len()
         );
     }
+}
+
+/// Prints to stdout. A reader that has gone away (`steward logs | head -1`) is not an
+/// error: the command has said all anyone will read, and ends with its own exit code.
+/// Returns false once the reader is gone.
+pub(crate) fn print_out(text: &str) -> bool {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .is_ok()
 }
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {

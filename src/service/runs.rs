@@ -33,10 +33,22 @@ pub(super) async fn run(
 
 pub(super) async fn digest(service: &Service, agent: &str, preview: bool) -> Handled {
     let config = service.config()?;
-    let wf = service.workflow(&config, agent)?;
-    if wf.agent.is_none() {
-        bail!("`{agent}` is a workflow, not a digest agent: use `steward run {agent}`");
+    if !config.agents.contains_key(agent) {
+        let known: Vec<&str> = config.agents.keys().map(String::as_str).collect();
+        if config.workflows.contains_key(agent) {
+            bail!("`{agent}` is a workflow, not a digest agent: use `steward run {agent}`");
+        }
+        bail!(
+            "no digest agent named `{agent}` in {} (agents: {})",
+            config.root.join("agents").display(),
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        );
     }
+    let wf = service.workflow(&config, agent)?;
     let fire = Fire::manual(preview.then(|| json!({ "preview": true })));
     let ask = if preview { Ask::Dry } else { Ask::Auto };
     run_response(service.runner.run(Job::fire(wf, fire, ask)).await?)
