@@ -112,6 +112,9 @@ pub enum Request {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkflowRow {
     pub id: String,
+    /// `workflow`, `agent` (a digest agent's workflow) or `agency`.
+    #[serde(default = "workflow_kind")]
+    pub kind: String,
     pub trigger: String,
     pub live: bool,
     /// Live or dry-run, and why, for a person.
@@ -120,6 +123,10 @@ pub struct WorkflowRow {
     pub file: PathBuf,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_fire: Option<Value>,
+}
+
+fn workflow_kind() -> String {
+    "workflow".into()
 }
 
 /// `steward status`: the running daemon's view of itself.
@@ -175,6 +182,9 @@ pub enum Response {
     Enqueued {
         queue: String,
         item: String,
+        /// Set when no workflow of the config reads the queue: the item just waits.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        warning: Option<String>,
     },
     Workflows {
         workflows: Vec<WorkflowRow>,

@@ -3,6 +3,8 @@
 
 mod util;
 
+use std::time::Duration;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use util::{Env, Run};
@@ -320,6 +322,30 @@ fn digest_dry_run_writes_nothing_and_sends_nothing() {
     assert!(smtp.messages.lock().unwrap().is_empty());
 }
 
+/// A dry-run agent sends nothing by design: its summary says so, not `email_failed`
+/// (which, with no distribution list, it used to log on every scheduled run).
+#[test]
+fn a_dry_run_digest_without_a_distribution_list_reports_email_skipped_not_failed() {
+    let env = Env::new();
+    setup(
+        &env,
+        &file_source("gh", "rss.xml"),
+        &NOOP_AGENT.replace("dry_run = false", "dry_run = true"),
+        "",
+    );
+    let run = env.steward(&["digest", "noop-test-agent"]);
+    assert_eq!(run.code, 0, "{run}");
+    let line = summary(&run);
+    assert!(line.contains("email_skipped=dry-run"), "{line}");
+    assert!(!line.contains("email_failed"), "{line}");
+    let log = env.runlog();
+    let email = log.iter().find(|e| e["step"] == "maybe_email");
+    assert!(
+        email.is_none_or(|e| !e.to_string().contains("distribution list missing")),
+        "{email:?}"
+    );
+}
+
 #[test]
 fn drain_runs_the_newest_of_three_days_and_deletes_all_four_markers_and_keeps_a_broken_one() {
     let env = Env::new();
@@ -491,23 +517,44 @@ fn a_broken_agent_config_names_file_and_line() {
 }
 
 /// A digest run works from the config it was fired with: a file broken after the daemon
-/// loaded its config does not break the agent's steps (they used to reload the folder).
+/// loaded its config does not break the agent's scheduled runs (their steps used to
+/// reload the folder). The daemon keeps firing on its last valid config meanwhile.
 #[test]
 fn an_agent_run_by_the_daemon_is_not_broken_by_an_unrelated_bad_file() {
     let env = Env::new();
-    setup(&env, &file_source("gh", "rss.xml"), NOOP_AGENT, "");
-    let _d = env.daemon(&[]);
+    let every_second = NOOP_AGENT.replace(
+        "dry_run = false",
+        "dry_run = false\nschedule = \"* * * * * *\"",
+    );
+    setup(&env, &file_source("gh", "rss.xml"), &every_second, "");
+    let d = env.daemon(&[]);
     std::fs::write(
         env.config.join("workflows/broken.toml"),
         "id = \"broken\"\nthis is not toml\n",
     )
     .unwrap();
-    let run = env.steward(&["digest", "noop-test-agent"]);
-    assert_eq!(run.code, 0, "{run}");
-    let line = summary(&run);
-    assert!(line.contains("new_items=2"), "{line}");
+    util::wait_for(
+        "the daemon to see the broken file",
+        Duration::from_secs(5),
+        || d.log_text().contains("keeping the running config"),
+    );
+    let fired_after = env.runlog().len();
+    util::wait_for(
+        "a scheduled digest to succeed",
+        Duration::from_secs(10),
+        || {
+            env.runlog()[fired_after.min(env.runlog().len())..]
+                .iter()
+                .any(|e| e["step"] == "end" && e["status"] == "success")
+        },
+    );
     assert!(
         digest_path(&env, "daily", "noop-test-agent").exists(),
-        "{run}"
+        "{}",
+        d.log_text()
     );
+    // A command that needs the config says why it cannot act instead.
+    let run = env.steward(&["digest", "noop-test-agent"]);
+    assert_eq!(run.code, 1, "{run}");
+    assert!(run.stderr.contains("broken.toml"), "{run}");
 }

@@ -112,6 +112,8 @@ pub fn summary_line(rec: &RunRecord) -> String {
         .map(|f| format!("{} {}", f.source, f.reason))
         .collect();
     let email = match (&delivery, &out.recipients_error) {
+        // A dry run sends nothing by design: not a failure, whatever the list says.
+        (None, _) if rec.dry_run => "email_skipped=dry-run".to_string(),
         (Some(d), _) if d.error.is_some() => {
             format!("email_failed={}", d.error.as_deref().unwrap_or(""))
         }
@@ -120,9 +122,6 @@ pub fn summary_line(rec: &RunRecord) -> String {
             format!("emailed={}/{}", d.sent, d.total)
         }
         (None, Some(e)) => format!("email_failed={e}"),
-        (None, None) if rec.dry_run && rec.state == crate::store::RunState::Success => {
-            "email_failed=dry-run (not approved for go-live)".to_string()
-        }
         (None, None) => format!("email_failed=run {}", rec.state),
     };
     if !matches!(rec.state, crate::store::RunState::Success) {
@@ -166,8 +165,8 @@ pub fn email_skipped_reason(rec: &RunRecord) -> Option<String> {
         .and_then(|o| serde_json::from_value(o).ok())
         .unwrap_or_default();
     Some(match (&out.recipients_error, rec.dry_run) {
-        (Some(e), _) => e.clone(),
-        (None, true) => "dry-run: no email".into(),
+        (_, true) => "dry-run: no email".into(),
+        (Some(e), false) => e.clone(),
         (None, false) => format!("run ended {}", rec.state),
     })
 }

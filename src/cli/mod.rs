@@ -253,9 +253,13 @@ fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response
         // A queue item needs no store: the daemon takes it when it starts.
         Request::Enqueue { queue, payload } => {
             let item = crate::trigger::queue::write_item(state, queue, payload)?;
+            let warning = crate::service::load_config(config)
+                .ok()
+                .and_then(|c| crate::service::unread_queue_warning(&c, queue));
             return Ok(Response::Enqueued {
                 queue: queue.clone(),
                 item,
+                warning,
             });
         }
         _ => {}

@@ -153,16 +153,18 @@ pub fn workflows_table(out: &mut String, rows: &[Value]) {
     }
     wln!(
         out,
-        "{:<22} {:<9} {:<5} DESCRIPTION",
+        "{:<22} {:<8} {:<9} {:<5} DESCRIPTION",
         "WORKFLOW",
+        "KIND",
         "TRIGGER",
         "LIVE"
     );
     for r in rows {
         wln!(
             out,
-            "{:<22} {:<9} {:<5} {}",
+            "{:<22} {:<8} {:<9} {:<5} {}",
             r["id"].as_str().unwrap_or(""),
+            r["kind"].as_str().unwrap_or("workflow"),
             r["trigger"].as_str().unwrap_or(""),
             if r["live"].as_bool() == Some(true) {
                 "yes"

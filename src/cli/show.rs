@@ -62,11 +62,23 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
         R::Status(status) => {
             render::status(out, &serde_json::to_value(status).unwrap_or_default())
         }
-        R::Enqueued { queue, item } if local => wln!(
-            out,
-            "queued item {item} on {queue} (no daemon running: it runs when the daemon starts)"
-        ),
-        R::Enqueued { queue, item } => wln!(out, "queued item {item} on {queue}"),
+        R::Enqueued {
+            queue,
+            item,
+            warning,
+        } => {
+            if local {
+                wln!(
+                    out,
+                    "queued item {item} on {queue} (no daemon running: it runs when the daemon starts)"
+                );
+            } else {
+                wln!(out, "queued item {item} on {queue}");
+            }
+            if let Some(w) = warning {
+                wln!(s.stderr, "steward: warning: {w}");
+            }
+        }
         R::Workflows { workflows } if view.json => pretty(out, workflows),
         R::Workflows { workflows } => {
             let rows: Vec<serde_json::Value> = workflows

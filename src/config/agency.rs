@@ -68,10 +68,13 @@ pub struct Agency {
     pub file: PathBuf,
 }
 
-/// Loads `agencies/*.toml`; a roster member must name a workflow of `workflows`.
+/// Loads `agencies/*.toml`; a roster member must name a workflow of `workflows`. A
+/// member whose workflow is in `broken` (its file failed to load, and says so itself) is
+/// not reported again.
 pub fn load(
     root: &Path,
     workflows: &BTreeMap<String, Workflow>,
+    broken: &std::collections::BTreeSet<String>,
     errors: &mut Vec<ConfigError>,
 ) -> BTreeMap<String, Agency> {
     let mut out = BTreeMap::new();
@@ -115,7 +118,7 @@ pub fn load(
             if !names.insert(m.name.clone()) {
                 problems.push(format!("roster member `{}` appears twice", m.name));
             }
-            if !workflows.contains_key(&m.workflow) {
+            if !workflows.contains_key(&m.workflow) && !broken.contains(&m.workflow) {
                 problems.push(format!(
                     "roster member `{}` runs workflow `{}`, which is not in the config",
                     m.name, m.workflow

@@ -62,14 +62,33 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(
         .map_err(|_| ConfigError::whole_file(file, "not valid UTF-8"))?;
     let value = toml::from_str(&text).map_err(|e| {
         let (line, column) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
+        let mut message = e.message().trim().to_string();
+        if let Some(hint) = quote_hint(text.lines().nth(line.saturating_sub(1)).unwrap_or("")) {
+            message.push_str(hint);
+        }
         ConfigError {
             file: file.to_path_buf(),
             line,
             column,
-            message: e.message().trim().to_string(),
+            message,
         }
     })?;
     Ok((value, (text, bytes)))
+}
+
+/// A hint when the line a TOML error points at opens a string it never closes (the
+/// parser's own message is about what it read past the end of the string).
+fn quote_hint(line: &str) -> Option<&'static str> {
+    let code = line.split(" #").next().unwrap_or(line);
+    let doubles = code.matches('"').count() - code.matches("\\\"").count();
+    let singles = code.matches('\'').count();
+    if doubles % 2 == 1 {
+        Some(" (hint: a \"string\" on this line has no closing quote)")
+    } else if singles % 2 == 1 && doubles == 0 {
+        Some(" (hint: a 'string' on this line has no closing quote)")
+    } else {
+        None
+    }
 }
 
 /// Whether `name` is safe to use as a workflow id and in a path.
@@ -127,5 +146,21 @@ mod tests {
         for bad in ["", "../x", "a/b", "A", "-x", "a\0b", "/abs"] {
             assert!(!valid_id(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_missing_closing_quote_gets_a_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("w.toml");
+        for text in [
+            "id = \"x\ncron = 1\n",
+            "[trigger]\nschedule = { cron = \"0 9 * * * }\n",
+            "x = 'abc\n",
+        ] {
+            let err = parse_toml::<toml::Table>(&file, text.as_bytes().to_vec()).unwrap_err();
+            assert!(err.message.contains("no closing quote"), "{text:?}: {err}");
+        }
+        let err = parse_toml::<toml::Table>(&file, b"x = abc\n".to_vec()).unwrap_err();
+        assert!(!err.message.contains("hint"), "{err}");
     }
 }

@@ -135,6 +135,20 @@ pub fn fingerprint(root: &Path) -> String {
     format!("{:x}", hash.finalize())
 }
 
+/// The id a workflow file declares, read leniently (the file may be broken): its `id`
+/// value, else its name without `.toml`.
+fn declared_id(file: &Path) -> String {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .and_then(|t| t.get("id")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| {
+            file.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+}
+
 /// Every `*.toml` under `dir` (hidden names skipped, four levels at most).
 fn toml_tree(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -194,6 +208,8 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
         }
     };
     let mut origin: BTreeMap<String, PathBuf> = BTreeMap::new();
+    // Ids of workflow files that failed: their own errors say why, once.
+    let mut broken = std::collections::BTreeSet::new();
     let mut queues: BTreeMap<String, String> = BTreeMap::new();
     for file in files {
         match load_file(root, &file) {
@@ -221,7 +237,10 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
                 origin.insert(wf.id.clone(), file.clone());
                 config.workflows.insert(wf.id.clone(), wf);
             }
-            Err(mut errs) => errors.append(&mut errs),
+            Err(mut errs) => {
+                broken.insert(declared_id(&file));
+                errors.append(&mut errs);
+            }
         }
     }
     let (agents, sources, agent_workflows) = agent::load(root, &mut errors);
@@ -259,7 +278,7 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
     }
     config.agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
     config.sources = sources;
-    config.agencies = agency::load(root, &config.workflows, &mut errors);
+    config.agencies = agency::load(root, &config.workflows, &broken, &mut errors);
     if errors.is_empty() {
         Ok(config)
     } else {

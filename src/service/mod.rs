@@ -13,6 +13,7 @@ mod workflows;
 
 use context::Handled;
 pub use context::{load_config, Daemon, RunningConfig, Service};
+pub use workflows::unread_queue_warning;
 
 use crate::api::{Request, Response};
 

@@ -24,6 +24,12 @@ fn rows(service: &Service, config: &Config) -> anyhow::Result<Vec<WorkflowRow>> 
         };
         rows.push(WorkflowRow {
             id: wf.id.clone(),
+            kind: if wf.agent.is_some() {
+                "agent"
+            } else {
+                "workflow"
+            }
+            .to_string(),
             trigger: wf.trigger.kind().to_string(),
             live: mode.is_live(),
             mode: why,
@@ -68,17 +74,79 @@ pub(super) fn enqueue(service: &Service, queue: &str, payload: &Value) -> Handle
         Some(d) => d.enqueue(queue, payload)?,
         None => crate::trigger::queue::write_item(&service.state_dir, queue, payload)?,
     };
+    let warning = service
+        .config()
+        .ok()
+        .and_then(|c| unread_queue_warning(&c, queue));
     Ok(Response::Enqueued {
         queue: queue.to_string(),
         item,
+        warning,
     })
+}
+
+/// A warning when no workflow of `config` reads `queue` (a typo, or a workflow not yet
+/// written): the item is kept and waits until one does.
+pub fn unread_queue_warning(config: &Config, queue: &str) -> Option<String> {
+    let read: Vec<&str> = config
+        .workflows
+        .values()
+        .filter_map(|w| match &w.trigger {
+            crate::config::Trigger::Queue { queue } => Some(queue.as_str()),
+            _ => None,
+        })
+        .collect();
+    if read.contains(&queue) {
+        return None;
+    }
+    Some(format!(
+        "no workflow reads queue `{queue}` (queues read: {}); the item waits until one does",
+        if read.is_empty() {
+            "none".to_string()
+        } else {
+            read.join(", ")
+        }
+    ))
 }
 
 pub(super) fn list(service: &Service) -> Handled {
     let config = service.config()?;
-    Ok(Response::Workflows {
-        workflows: rows(service, &config)?,
-    })
+    let mut workflows = rows(service, &config)?;
+    workflows.extend(agency_rows(&config));
+    Ok(Response::Workflows { workflows })
+}
+
+/// Agencies, listed beside the workflows their members run.
+fn agency_rows(config: &Config) -> Vec<WorkflowRow> {
+    config
+        .agencies
+        .values()
+        .map(|a| {
+            let schedule = a
+                .trigger
+                .schedule
+                .as_ref()
+                .and_then(|s| crate::trigger::schedule::Schedule::parse(s).ok());
+            let members: Vec<String> = a
+                .roster
+                .iter()
+                .map(|m| format!("{} → {}", m.name, m.workflow))
+                .collect();
+            WorkflowRow {
+                id: a.id.clone(),
+                kind: "agency".into(),
+                trigger: if schedule.is_some() { "schedule" } else { "manual" }.into(),
+                live: false,
+                mode: format!(
+                    "agency: each member runs as its own workflow, live or dry as that workflow is ({})",
+                    members.join(", ")
+                ),
+                description: a.mandate.clone(),
+                file: a.file.clone(),
+                next_fire: schedule.and_then(|s| s.next_fire_json()),
+            }
+        })
+        .collect()
 }
 
 pub(super) fn go_live(service: &Service, workflow: &str) -> Handled {
