@@ -1,0 +1,216 @@
+//! The README's "Try it" section, followed literally: every command of its `sh` blocks,
+//! in order, from a copy of `config/` with a fresh state folder and the daemon running.
+//! Each command's outcome is checked against what the README's comment beside it says.
+
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use util::wait_for;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The commands of the `sh` blocks of "## Try it", comments stripped.
+fn try_it_commands() -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let section = readme
+        .split("\n## Try it\n")
+        .nth(1)
+        .expect("README has a Try it section");
+    let section = section.split("\n## ").next().unwrap();
+    let mut commands = Vec::new();
+    let mut in_sh = false;
+    for line in section.lines() {
+        match line.trim() {
+            "```sh" => in_sh = true,
+            "```" => in_sh = false,
+            text if in_sh && !text.is_empty() => {
+                let command = text.split("  #").next().unwrap().trim_end();
+                commands.push(command.to_string());
+            }
+            _ => {}
+        }
+    }
+    commands
+}
+
+/// What each command must do: (the command, its exit code, text its stdout shows).
+const EXPECTED: &[(&str, i32, &str)] = &[
+    ("export PATH=$PWD/target/release:$PATH", 0, ""),
+    ("steward status", 0, "steward daemon pid"),
+    ("steward logs -f", 0, ""),
+    ("steward validate", 0, "ok: 4 workflows"),
+    ("steward list", 0, "docs-team"),
+    (
+        "steward run hello --payload '{\"name\":\"Ada\"}'",
+        0,
+        "dry-run",
+    ),
+    ("steward run summarize", 0, "success"),
+    ("steward run runaway", 6, "exhausted"),
+    ("steward dead-letter list", 0, "runaway"),
+    ("steward logs", 0, "runaway"),
+    (
+        "sed -i 's/^dry_run = true/dry_run = false/' config/workflows/hello.toml",
+        0,
+        "",
+    ),
+    ("steward go-live hello", 0, "hello is live"),
+    ("steward run hello --live", 0, "success"),
+    ("steward run hello --live", 0, "clean-no-op"),
+    ("echo '# edited' >> config/workflows/hello.toml", 0, ""),
+    ("steward run hello --live", 1, ""),
+    (
+        "steward case open --agency docs-team --case rel-2",
+        0,
+        "rel-2",
+    ),
+    (
+        "steward case advance rel-2 --driver \"$USER\" --run",
+        0,
+        "researcher",
+    ),
+    (
+        "steward case advance rel-2 --driver \"$USER\" --run",
+        0,
+        "writer",
+    ),
+    (
+        "steward case advance rel-2 --driver \"$USER\" --run",
+        0,
+        "awaiting_approval",
+    ),
+    ("steward case approve rel-2", 0, "approved"),
+    (
+        "steward case advance rel-2 --driver \"$USER\" --run",
+        0,
+        "publisher",
+    ),
+    (
+        "steward case advance rel-2 --driver \"$USER\" --run",
+        0,
+        "resolved",
+    ),
+    ("steward case verify rel-2", 0, "chain intact"),
+];
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// `sh -c COMMAND` in the walk-through's folder, `steward` on the PATH.
+fn shell(dir: &Path, command: &str) -> Command {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_steward"));
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(command)
+        .current_dir(dir)
+        .env("PATH", path)
+        .env("USER", "operator")
+        .env_remove("STEWARD_CONFIG")
+        .env_remove("STEWARD_STATE")
+        .env_remove("STEWARD_LOG");
+    cmd
+}
+
+#[test]
+fn the_readme_walk_through_works_in_order_with_the_daemon_running() {
+    let commands = try_it_commands();
+    let listed: Vec<&str> = EXPECTED.iter().map(|(c, _, _)| *c).collect();
+    assert_eq!(
+        commands, listed,
+        "the README's Try it commands changed: update EXPECTED with what each must do"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&Path::new(ROOT).join("config"), &dir.path().join("config"));
+    let log = std::fs::File::create(dir.path().join("daemon.log")).unwrap();
+    let mut daemon = shell(dir.path(), "exec steward daemon")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let daemon_log = || std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default();
+    wait_for("the daemon to listen", Duration::from_secs(15), || {
+        dir.path().join("state/steward.sock").exists()
+    });
+
+    let ledger = dir.path().join("state/hello.ledger");
+    let ledger_lines = || {
+        std::fs::read_to_string(&ledger)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    for (n, (command, code, shows)) in EXPECTED.iter().enumerate() {
+        if command.starts_with("export PATH=") {
+            continue; // the test puts the binary it built on the PATH itself
+        }
+        if command.ends_with(" -f") {
+            // `logs -f` follows until stopped: it must print the runlog, then keep going.
+            let mut follow = shell(dir.path(), &format!("exec {command}"))
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut out = std::io::BufReader::new(follow.stdout.take().unwrap());
+            let mut first = String::new();
+            std::io::BufRead::read_line(&mut out, &mut first).unwrap();
+            assert!(!first.is_empty(), "`{command}` printed nothing");
+            assert!(
+                follow.try_wait().unwrap().is_none(),
+                "`{command}` did not keep following"
+            );
+            let _ = follow.kill();
+            let _ = follow.wait();
+            continue;
+        }
+        let before = ledger_lines();
+        let out = shell(dir.path(), command).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let context = format!(
+            "step {n}: `{command}`\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- daemon\n{}",
+            daemon_log()
+        );
+        assert_eq!(out.status.code(), Some(*code), "{context}");
+        assert!(stdout.contains(shows), "expected `{shows}`: {context}");
+        // Through the daemon, not beside it: no command opened the store itself.
+        assert!(!stderr.contains("no daemon"), "{context}");
+        match (n, *command) {
+            (_, "steward run hello --live") if *code == 0 && shows == &"success" => {
+                assert_eq!(
+                    ledger_lines(),
+                    before + 1,
+                    "the commit wrote no line: {context}"
+                )
+            }
+            (_, "steward run hello --live") => {
+                assert_eq!(ledger_lines(), before, "a line was committed: {context}")
+            }
+            _ => {}
+        }
+    }
+    let status = shell(dir.path(), "steward case status rel-2 --json")
+        .output()
+        .unwrap();
+    let case: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(case["status"], "resolved", "{case:#}");
+    assert_eq!(case["receipts"].as_array().unwrap().len(), 3, "{case:#}");
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+}
