@@ -226,3 +226,30 @@ fn a_schedule_added_while_the_daemon_runs_is_shown_by_next() {
         ["2027-03-28T03:00:00+02:00", "2027-03-29T02:30:00+02:00"]
     );
 }
+
+#[test]
+fn agency_and_agent_errors_point_at_the_line_they_are_about() {
+    let env = Env::new();
+    env.workflow(&Spec::new("writer", QUICK).dry());
+    std::fs::create_dir_all(env.config.join("agencies")).unwrap();
+    let agency = "id = \"team\"\nmandate = \"m\"\nplanner = [\"scripts/p.sh\"]\nescalation_contact = \"x@example.org\"\n[limits]\nmax_turns = 1\nmax_acts = 1\nmax_spend_usd = 0.1\n[[roster]]\nname = \"w\"\nworkflow = \"writer\"\nscopes = []\n[[roster]]\nname = \"r\"\nworkflow = \"reviewer\"\nscopes = []\n";
+    std::fs::write(env.config.join("agencies/team.toml"), agency).unwrap();
+    std::fs::create_dir_all(env.config.join("agents")).unwrap();
+    std::fs::write(env.config.join("sources.toml"), "").unwrap();
+    std::fs::write(
+        env.config.join("agents/news.toml"),
+        "agent_name = \"news\"\ncadence = \"daily\"\nschedule = \"0 7 * * Mon\"\ntimezone = \"Mars/Olympus\"\n",
+    )
+    .unwrap();
+    let out = env.steward(&["validate"]);
+    assert_eq!(out.code, 1, "{out}");
+    assert!(
+        out.stderr.contains("team.toml:15:12: roster member `r` runs workflow `reviewer`, which is not in the config (workflows: writer)"),
+        "{out}"
+    );
+    assert!(
+        out.stderr
+            .contains("news.toml:4:1: schedule.timezone `Mars/Olympus`"),
+        "{out}"
+    );
+}

@@ -73,7 +73,7 @@ fn names_that_climb_out_of_their_folders_are_refused_everywhere() {
             "is not allowed",
         );
         // Agent names are looked up among the loaded ones, never used as a path.
-        refused(&["digest", bad], "no workflow named");
+        refused(&["digest", bad], "no digest agent named");
     }
     // Nothing was created anywhere but in the state folder.
     assert_eq!(outside_state(), before, "files appeared outside state/");

@@ -116,7 +116,7 @@ fn show(expr: &str, calendar: &Calendar, preview: &Preview) -> Result<i32> {
     let fires = calendar.fires(start, preview.count);
     if preview.json {
         let fires: Vec<String> = fires.iter().map(|f| calendar.local_rfc3339(f.at)).collect();
-        super::print_out(&format!("{}\n", serde_json::json!({ "fires": fires })));
+        super::output::print_out(&format!("{}\n", serde_json::json!({ "fires": fires })));
         return Ok(0);
     }
     let rule = match calendar.kind {
@@ -136,7 +136,7 @@ fn show(expr: &str, calendar: &Calendar, preview: &Preview) -> Result<i32> {
         text.push_str(&line(calendar, n + 1, fire));
         text.push('\n');
     }
-    super::print_out(&text);
+    super::output::print_out(&text);
     Ok(0)
 }
 

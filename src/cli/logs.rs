@@ -43,7 +43,7 @@ pub fn print(state: &Path, filter: Filter, last: usize, json: bool, follow: bool
         }
         pos = lines.iter().map(|l| l.len() as u64).sum();
     } else if !follow {
-        super::print_out(&format!("no runlog yet at {}\n", path.display()));
+        super::output::print_out(&format!("no runlog yet at {}\n", path.display()));
         return Ok(());
     }
     let kept: Vec<&String> = lines
@@ -95,10 +95,12 @@ fn parse(line: &str) -> Option<Entry> {
 /// Prints one runlog line; false once stdout's reader is gone.
 fn emit(line: &str, json: bool) -> bool {
     if json {
-        return super::print_out(line);
+        return super::output::print_out(line);
     }
     match parse(line) {
-        Some(e) => super::print_out(&format!("{}\n", runlog::render(&e))),
-        None => super::print_out(&format!("(unreadable runlog line) {}\n", line.trim_end())),
+        Some(e) => super::output::print_out(&format!("{}\n", runlog::render(&e))),
+        None => {
+            super::output::print_out(&format!("(unreadable runlog line) {}\n", line.trim_end()))
+        }
     }
 }

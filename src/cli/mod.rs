@@ -13,6 +13,7 @@ mod args;
 mod calendar;
 mod client;
 mod logs;
+mod output;
 mod render;
 mod request;
 mod show;
@@ -30,6 +31,7 @@ use crate::daemon;
 use crate::governed::{self, Engine};
 use crate::runner::Runner;
 use crate::service::Service;
+use output::print_out;
 
 /// Runs the CLI and returns the process exit code.
 pub fn main() -> i32 {
@@ -308,17 +310,6 @@ pub fn report_recovery(recovery: &crate::store::Recovery) {
             recovery.keys_in_doubt.len()
         );
     }
-}
-
-/// Prints to stdout. A reader that has gone away (`steward logs | head -1`) is not an
-/// error: the command has said all anyone will read, and ends with its own exit code.
-/// Returns false once the reader is gone.
-pub(crate) fn print_out(text: &str) -> bool {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|_| out.flush())
-        .is_ok()
 }
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {

@@ -89,52 +89,78 @@ pub fn load(
         }
     };
     for file in files {
-        let mut a: Agency = match read_toml(&file) {
-            Ok((a, _)) => a,
+        let (mut a, text): (Agency, String) = match read_toml(&file) {
+            Ok((a, (text, _))) => (a, text),
             Err(e) => {
                 errors.push(e);
                 continue;
             }
         };
         a.file = file.clone();
+        let at_key = |key: &str, message: String| ConfigError::at_key(&file, &text, key, message);
+        let at_text =
+            |needle: &str, message: String| ConfigError::at_text(&file, &text, needle, message);
         let mut problems = Vec::new();
         if !valid_id(&a.id) {
-            problems.push(format!(
-                "id `{}` is not allowed: use 1-64 of a-z, 0-9, `-`, `_`",
-                a.id
+            problems.push(at_key(
+                "id",
+                format!(
+                    "id `{}` is not allowed: use 1-64 of a-z, 0-9, `-`, `_`",
+                    a.id
+                ),
             ));
         }
         if a.planner.is_empty() {
-            problems.push("planner is empty: give the command that proposes the next move".into());
+            problems.push(at_key(
+                "planner",
+                "planner is empty: give the command that proposes the next move".into(),
+            ));
         }
         if a.roster.is_empty() {
-            problems.push("roster is empty: an agency needs at least one member".into());
+            problems.push(at_key(
+                "roster",
+                "roster is empty: an agency needs at least one [[roster]] member".into(),
+            ));
         }
         if !(a.limits.max_spend_usd.is_finite() && a.limits.max_spend_usd >= 0.0) {
-            problems.push("limits.max_spend_usd must be zero or more".into());
+            problems.push(at_key(
+                "limits.max_spend_usd",
+                "limits.max_spend_usd must be zero or more".into(),
+            ));
         }
         let mut names = std::collections::BTreeSet::new();
         for m in &a.roster {
             if !names.insert(m.name.clone()) {
-                problems.push(format!("roster member `{}` appears twice", m.name));
+                problems.push(at_text(
+                    &format!("\"{}\"", m.name),
+                    format!("roster member `{}` appears twice", m.name),
+                ));
             }
             if !workflows.contains_key(&m.workflow) && !broken.contains(&m.workflow) {
-                problems.push(format!(
-                    "roster member `{}` runs workflow `{}`, which is not in the config",
-                    m.name, m.workflow
+                let mut known: Vec<&str> = workflows.keys().map(String::as_str).collect();
+                known.truncate(20);
+                problems.push(at_text(
+                    &format!("\"{}\"", m.workflow),
+                    format!(
+                        "roster member `{}` runs workflow `{}`, which is not in the config (workflows: {})",
+                        m.name,
+                        m.workflow,
+                        known.join(", ")
+                    ),
                 ));
             }
         }
         for m in &a.approval.members {
             if !names.contains(m) {
-                problems.push(format!(
-                    "approval.members names `{m}`, who is not on the roster"
+                problems.push(at_key(
+                    "approval.members",
+                    format!("approval.members names `{m}`, who is not on the roster"),
                 ));
             }
         }
         if let Some(s) = &a.trigger.schedule {
             if let Err(e) = crate::trigger::schedule::Schedule::parse(s) {
-                problems.push(e.to_string());
+                problems.push(at_key("trigger.schedule", e.to_string()));
             }
         }
         if problems.is_empty() {
@@ -147,9 +173,7 @@ pub fn load(
                 out.insert(a.id.clone(), a);
             }
         } else {
-            for p in problems {
-                errors.push(ConfigError::whole_file(file.clone(), p));
-            }
+            errors.append(&mut problems);
         }
     }
     out

@@ -249,7 +249,7 @@ pub fn load(
         }
     };
     for file in files {
-        let (raw, (_, bytes)) = match read_toml::<RawAgent>(&file) {
+        let (raw, (text, bytes)) = match read_toml::<RawAgent>(&file) {
             Ok(v) => v,
             Err(e) => {
                 errors.push(e);
@@ -257,8 +257,10 @@ pub fn load(
             }
         };
         if !valid_id(&raw.agent_name) {
-            errors.push(ConfigError::whole_file(
+            errors.push(ConfigError::at_key(
                 &file,
+                &text,
+                "agent_name",
                 format!(
                     "agent_name `{}` is not allowed: use 1-64 of a-z, 0-9, `-`, `_`",
                     raw.agent_name
@@ -280,16 +282,20 @@ pub fn load(
             file: file.clone(),
         };
         if agent.verify_loadbearing && agent.claims.verify.is_none() {
-            errors.push(ConfigError::whole_file(
+            errors.push(ConfigError::at_key(
                 &file,
+                &text,
+                "verify_loadbearing",
                 "verify_loadbearing = true needs [claims] verify = [\"command\", …]",
             ));
             continue;
         }
         if let Some(t) = &agent.overrides.template {
             if !root.join(t).is_file() {
-                errors.push(ConfigError::whole_file(
+                errors.push(ConfigError::at_key(
                     &file,
+                    &text,
+                    "digest_template_overrides.template",
                     format!(
                         "digest_template_overrides.template: {} not found",
                         root.join(t).display()
@@ -308,7 +314,11 @@ pub fn load(
                     catchup_window_s: Some(agent.expiry_days * 86_400),
                 };
                 if let Err(e) = crate::trigger::schedule::Schedule::parse(&s) {
-                    errors.push(ConfigError::whole_file(&file, e.to_string()));
+                    let key = match e {
+                        crate::trigger::schedule::ScheduleError::Timezone(_) => "timezone",
+                        _ => "schedule",
+                    };
+                    errors.push(ConfigError::at_key(&file, &text, key, e.to_string()));
                     continue;
                 }
                 Trigger::Schedule(s)

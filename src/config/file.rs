@@ -102,6 +102,64 @@ pub fn valid_id(name: &str) -> bool {
 }
 
 impl ConfigError {
+    /// An error about the value of `key` (`name`, or `table.name` for a key of a
+    /// `[table]`), located at the line that sets it; at the file's start if none does.
+    pub fn at_key(
+        file: impl Into<PathBuf>,
+        text: &str,
+        key: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        let (table, name) = match key.rsplit_once('.') {
+            Some((t, n)) => (Some(t), n),
+            None => (None, key),
+        };
+        let mut current: Option<&str> = None;
+        let mut found = None;
+        for (n, line) in text.lines().enumerate() {
+            let t = line.trim();
+            if t.starts_with('[') {
+                current = Some(t.trim_matches(|c| c == '[' || c == ']').trim());
+                continue;
+            }
+            let sets = t
+                .strip_prefix(name)
+                .is_some_and(|rest| rest.trim_start().starts_with('='));
+            if sets && current == table {
+                found = Some((n + 1, line.len() - line.trim_start().len() + 1));
+                break;
+            }
+        }
+        let (line, column) = found.unwrap_or((1, 1));
+        ConfigError {
+            file: file.into(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+
+    /// An error located at the first line containing `needle` (a value that appears in
+    /// more than one table, like a roster member's name); at the file's start if none does.
+    pub fn at_text(
+        file: impl Into<PathBuf>,
+        text: &str,
+        needle: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        let found = text.lines().enumerate().find_map(|(n, line)| {
+            line.find(needle)
+                .map(|c| (n + 1, line[..c].chars().count() + 1))
+        });
+        let (line, column) = found.unwrap_or((1, 1));
+        ConfigError {
+            file: file.into(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+
     /// An error about a file (or folder) as a whole, located at its start.
     pub fn whole_file(file: impl Into<PathBuf>, message: impl Into<String>) -> ConfigError {
         ConfigError {
@@ -162,5 +220,18 @@ mod tests {
         }
         let err = parse_toml::<toml::Table>(&file, b"x = abc\n".to_vec()).unwrap_err();
         assert!(!err.message.contains("hint"), "{err}");
+    }
+
+    #[test]
+    fn at_key_finds_the_line_that_sets_a_key() {
+        let text = "id = \"a\"\nschedule = \"x\"\n[t]\nschedule = 1\n  name = 2\n";
+        let at = |key| {
+            let e = ConfigError::at_key("f", text, key, "m");
+            (e.line, e.column)
+        };
+        assert_eq!(at("schedule"), (2, 1));
+        assert_eq!(at("t.schedule"), (4, 1));
+        assert_eq!(at("t.name"), (5, 3));
+        assert_eq!(at("missing"), (1, 1));
     }
 }

@@ -54,7 +54,7 @@ pub(super) fn status(service: &Service) -> Handled {
         pid: std::process::id(),
         uptime: format!("{}h{:02}m{:02}s", up / 3600, up / 60 % 60, up % 60),
         uptime_s: up,
-        config_dir: service.config_dir.clone(),
+        config_dir: running.config.root.clone(),
         state_dir: service.state_dir.clone(),
         forced_dry_run: service.runner.forced_dry_run(),
         in_flight: service.runner.in_flight(),
