@@ -111,7 +111,13 @@ pub fn next_line(id: &str, spec: &ScheduleTrigger) -> String {
     }
 }
 
+/// More fires than anyone reads, and a bound on the work one command does.
+const MAX_COUNT: usize = 100_000;
+
 fn show(expr: &str, calendar: &Calendar, preview: &Preview) -> Result<i32> {
+    if preview.count > MAX_COUNT {
+        bail!("--count {} is more than {MAX_COUNT}", preview.count);
+    }
     let start = preview.start()?;
     let fires = calendar.fires(start, preview.count);
     if preview.json {
