@@ -1,7 +1,8 @@
-//! `steward calendar` and `steward next` against a cron implementation steward did not
-//! write: cronsim (Debian cron's daylight-saving rules; croniter too on wildcard rows),
-//! from PyPI in a venv, around both transitions of Berlin, New York, Sydney and Lord Howe
-//! (whose clocks move by 30 minutes).
+//! `steward calendar` and `steward next` against cron implementations steward did not
+//! write, from PyPI in a venv: croniter for wildcard jobs, cronsim (which mimics Debian
+//! cron) for fixed-time jobs — see `fixtures/cron_reference.py` for why each, and the
+//! known deviation of each that is removed — around both 2027 transitions of Berlin,
+//! New York, Sydney and Lord Howe (whose clocks move by 30 minutes).
 
 mod util;
 
@@ -54,7 +55,7 @@ fn python() -> PathBuf {
         .clone()
 }
 
-/// cronsim's fires for each row.
+/// The reference fires for each row.
 fn reference(rows: &[Value]) -> Vec<Vec<String>> {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -148,7 +149,7 @@ fn calendar_agrees_with_debian_cron_across_dst_in_four_zones() {
         let got = fires_of(&run);
         if &got != want {
             wrong.push(format!(
-                "{expr} in {tz} after {from}:\n  steward {got:?}\n  cronsim {want:?}"
+                "{expr} in {tz} after {from}:\n  steward   {got:?}\n  reference {want:?}"
             ));
         }
     }
