@@ -23,6 +23,10 @@ use crate::config::{self, fingerprint, Config, ConfigError};
 /// is several events).
 const DEBOUNCE: Duration = Duration::from_millis(300);
 
+/// The longest a burst of events delays the check (a file that is written all the time
+/// must not hold back an edit beside it).
+const MAX_QUIET_WAIT: Duration = Duration::from_secs(1);
+
 /// How often the folder is checked without any event (events can be missed: a full
 /// inotify queue, a network file system).
 const POLL: Duration = Duration::from_secs(5);
@@ -191,8 +195,10 @@ impl LiveConfig {
                         open = false; // no watcher: the poll carries on alone
                         continue;
                     }
-                    // Wait for the folder to be quiet: an editor's save is several events.
-                    loop {
+                    // Wait for the folder to be quiet (an editor's save is several events),
+                    // but not past MAX_QUIET_WAIT if something keeps writing there.
+                    let burst = tokio::time::Instant::now();
+                    while burst.elapsed() < MAX_QUIET_WAIT {
                         tokio::select! {
                             _ = stop.cancelled() => return,
                             more = events.recv() => if more.is_none() { break },
