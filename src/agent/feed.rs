@@ -103,8 +103,12 @@ async fn run_command(argv: &[String], cwd: &Path, timeout: Duration) -> Result<V
 
 /// Parses a feed document into clean items.
 pub fn parse(source: &Source, bytes: &[u8], max_items: usize) -> Result<Vec<Item>, String> {
+    // feed-rs's own fallback for an entry with no id is a random UUID when it has no link
+    // or title either: every parse would make the entry new again. Leave it empty and
+    // derive a stable one here, from more than feed-rs sees.
     let parser = feed_rs::parser::Builder::new()
         .base_uri(source.url.as_deref())
+        .id_generator(|_, _, _| String::new())
         .build();
     let feed = parser
         .parse(bytes)
@@ -129,7 +133,27 @@ pub fn parse(source: &Source, bytes: &[u8], max_items: usize) -> Result<Vec<Item
         .find(|h| h.starts_with("http"))
         .or_else(|| source.url.clone());
     let mut items = Vec::new();
+    let mut derived = std::collections::HashMap::<String, usize>::new();
     for entry in feed.entries.into_iter().take(max_items) {
+        let id = match entry.id.trim() {
+            "" => {
+                // The entry's own link is its identity (as it always was here); with no
+                // link, a digest of what it does have.
+                let base = match entry.links.first() {
+                    Some(l) => absolute(&l.href, site.as_deref()),
+                    None => derived_id(source, &entry),
+                };
+                let n = derived.entry(base.clone()).or_default();
+                *n += 1;
+                // Two entries that look alike stay two, numbered in document order.
+                if *n == 1 {
+                    base
+                } else {
+                    format!("{base}#{n}")
+                }
+            }
+            given => given.to_string(),
+        };
         let mut flags = Vec::new();
         let title = clean(
             entry
@@ -162,11 +186,7 @@ pub fn parse(source: &Source, bytes: &[u8], max_items: usize) -> Result<Vec<Item
         h.update([0]);
         h.update(summary.as_bytes());
         items.push(Item {
-            id: if entry.id.is_empty() {
-                link.clone().unwrap_or_else(|| title.clone())
-            } else {
-                entry.id
-            },
+            id,
             source: source.name.clone(),
             title,
             link,
@@ -177,6 +197,35 @@ pub fn parse(source: &Source, bytes: &[u8], max_items: usize) -> Result<Vec<Item
         });
     }
     Ok(items)
+}
+
+/// An id for an entry with neither id nor link, the same on every parse of the same
+/// entry: a digest of the feed, the entry's title, date, enclosures and text. Prefixed
+/// `steward:` so it never passes for a publisher's guid.
+fn derived_id(source: &Source, entry: &feed_rs::model::Entry) -> String {
+    let mut h = Sha256::new();
+    let mut part = |p: &str| {
+        h.update(p.as_bytes());
+        h.update([0]);
+    };
+    part(source.url.as_deref().unwrap_or(&source.name));
+    part(entry.title.as_ref().map_or("", |t| t.content.as_str()));
+    let date = entry.published.or(entry.updated).map(|d| d.to_rfc3339());
+    part(date.as_deref().unwrap_or(""));
+    for media in &entry.media {
+        for c in &media.content {
+            part(c.url.as_ref().map_or("", |u| u.as_str()));
+        }
+    }
+    part(entry.summary.as_ref().map_or("", |t| t.content.as_str()));
+    part(
+        entry
+            .content
+            .as_ref()
+            .and_then(|c| c.body.as_deref())
+            .unwrap_or(""),
+    );
+    format!("steward:{}", &hex::encode(h.finalize())[..32])
 }
 
 /// Resolves a relative link against the site.
@@ -329,6 +378,51 @@ fn decode_entities(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn source() -> Source {
+        toml::from_str("name = \"t\"\nkind = \"rss\"\nurl = \"http://127.0.0.1/feed.xml\"\ntopic_tags = []\ntier = 1\n")
+            .unwrap()
+    }
+
+    /// Neither guid, link nor title: feed-rs would give each a fresh random UUID.
+    const IDLESS: &str = r#"<?xml version="1.0"?><rss version="2.0"><channel><title>c</title>
+<item><description>first</description></item>
+<item><description>second</description></item>
+<item><description>second</description></item>
+<item><title>Same</title></item><item><title>Same</title></item>
+<item><link>http://127.0.0.1/p</link><title>Linked</title></item>
+<item><guid>g-1</guid><title>Guid</title></item>
+</channel></rss>"#;
+
+    #[test]
+    fn ids_are_the_same_on_every_parse_and_alike_entries_stay_apart() {
+        let ids = || -> Vec<String> {
+            parse(&source(), IDLESS.as_bytes(), 100)
+                .unwrap()
+                .into_iter()
+                .map(|i| i.id)
+                .collect()
+        };
+        let first = ids();
+        assert_eq!(first, ids(), "a second parse of the same bytes changed ids");
+        assert_eq!(first.len(), 7);
+        let unique: std::collections::BTreeSet<&String> = first.iter().collect();
+        assert_eq!(unique.len(), 7, "entries collided: {first:?}");
+        assert!(first[0].starts_with("steward:") && !first[0].contains('#'));
+        assert_eq!(first[2], format!("{}#2", first[1]));
+        assert_eq!(first[4], format!("{}#2", first[3]));
+        assert_eq!(first[5], "http://127.0.0.1/p");
+        assert_eq!(first[6], "g-1");
+    }
+
+    #[test]
+    fn an_edited_title_of_a_linked_entry_keeps_its_id() {
+        let edited = IDLESS.replace("<title>Linked</title>", "<title>Linked, edited</title>");
+        let a = parse(&source(), IDLESS.as_bytes(), 100).unwrap();
+        let b = parse(&source(), edited.as_bytes(), 100).unwrap();
+        assert_eq!(a[5].id, b[5].id);
+        assert_ne!(a[5].hash, b[5].hash, "the edit must show as updated");
+    }
 
     #[test]
     fn markup_scripts_and_entities_are_cleaned() {
