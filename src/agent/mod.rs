@@ -24,6 +24,8 @@ pub use lifecycle::run_step;
 use output::report;
 pub use output::RunOutput;
 
+use std::path::Path;
+
 use serde_json::Value;
 
 use crate::config::agent::Agent;
@@ -65,7 +67,7 @@ pub fn check_step(ctx: &Value) -> i32 {
 }
 
 /// Step 11 as the commit: send the digest; prints the [`email::Delivery`] as JSON.
-pub async fn email_step(cfg: &Config, agent: &Agent, ctx: &Value) -> i32 {
+pub async fn email_step(cfg: &Config, agent: &Agent, state: &Path, ctx: &Value) -> i32 {
     let out: RunOutput = serde_json::from_value(ctx["output"].clone()).unwrap_or_default();
     let delivery = if let Some(err) = &out.recipients_error {
         email::Delivery {
@@ -80,7 +82,20 @@ pub async fn email_step(cfg: &Config, agent: &Agent, ctx: &Value) -> i32 {
             .or(out.preview.clone())
             .unwrap_or_default();
         let subject = format!("{} digest — {}", agent.name, out.date);
-        email::send(cfg.settings.smtp.as_ref(), &out.recipients, &subject, &body).await
+        let digest = email::Digest {
+            agent: &agent.name,
+            subject: &subject,
+            markdown: &body,
+        };
+        let mut log =
+            email::SentLog::open(state.join("agents").join(&agent.name).join("sent.jsonl"));
+        email::send(
+            cfg.settings.smtp.as_ref(),
+            &out.recipients,
+            &digest,
+            &mut log,
+        )
+        .await
     };
     match &delivery.error {
         Some(e) => report("maybe_email", "failed", e),
@@ -119,7 +134,13 @@ pub fn summary_line(rec: &RunRecord) -> String {
         }
         (Some(d), _) => {
             failures.extend(d.failures.iter().cloned());
-            format!("emailed={}/{}", d.sent, d.total)
+            match d.already_sent {
+                0 => format!("emailed={}/{}", d.sent, d.total),
+                n => format!(
+                    "emailed={}/{} ({n} already had this digest)",
+                    d.sent, d.total
+                ),
+            }
         }
         (None, Some(e)) => format!("email_failed={e}"),
         (None, None) => format!("email_failed=run {}", rec.state),

@@ -188,7 +188,7 @@ fn agent_step(config: &Path, state: &Path, step: &str, agent: &str) -> Result<i3
     Ok(match step {
         "run" => block_on(crate::agent::run_step(&cfg, spec, &state_dir, &ctx)),
         "check" => crate::agent::check_step(&ctx),
-        "email" => block_on(crate::agent::email_step(&cfg, spec, &ctx)),
+        "email" => block_on(crate::agent::email_step(&cfg, spec, &state_dir, &ctx)),
         other => bail!("unknown agent step `{other}` (run, check or email)"),
     })
 }

@@ -75,6 +75,13 @@ pub struct Smtp {
     pub username_env: Option<String>,
     #[serde(default)]
     pub password_env: Option<String>,
+    /// The `List-Id` of the digests (RFC 2919), e.g. `steward digests <digests.example.org>`;
+    /// default: `<AGENT>.steward` at the sender's domain.
+    #[serde(default)]
+    pub list_id: Option<String>,
+    /// A `List-Unsubscribe` value (RFC 2369), e.g. `<mailto:digest-off@example.org>`.
+    #[serde(default)]
+    pub list_unsubscribe: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
