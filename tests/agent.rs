@@ -672,3 +672,97 @@ fn an_agent_run_by_the_daemon_is_not_broken_by_an_unrelated_bad_file() {
     assert_eq!(run.code, 1, "{run}");
     assert!(run.stderr.contains("broken.toml"), "{run}");
 }
+
+/// A feed server on loopback that answers conditional GETs: ETag `"v1"` and a
+/// Last-Modified, 304 when either comes back, and `/old.xml` moved permanently to the
+/// feed. It records each request's head.
+fn conditional_feed_server() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let feed = std::fs::read(env_path("rss.xml")).unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            log.lock().unwrap().push(head.clone());
+            let lower = head.to_ascii_lowercase();
+            let mut out = stream;
+            let answer = if head.starts_with("GET /old.xml") {
+                "HTTP/1.1 301 Moved Permanently\r\nLocation: /feed.xml\r\nContent-Length: 0\r\n\r\n"
+                    .to_string()
+            } else if lower.contains("if-none-match: \"v1\"")
+                || lower.contains("if-modified-since:")
+            {
+                "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nContent-Length: 0\r\n\r\n".to_string()
+            } else {
+                format!("HTTP/1.1 200 OK\r\nContent-Type: application/rss+xml\r\nETag: \"v1\"\r\nLast-Modified: Wed, 02 Dec 2026 10:00:00 GMT\r\nContent-Length: {}\r\n\r\n", feed.len())
+            };
+            let _ = out.write_all(answer.as_bytes());
+            if answer.starts_with("HTTP/1.1 200") {
+                let _ = out.write_all(&feed);
+            }
+        }
+    });
+    (port, seen)
+}
+
+/// Two runs over an unchanged feed: the second sends the server's validators back, gets
+/// a 304, finds nothing new, keeps today's digest and mails nobody again.
+#[test]
+fn an_unchanged_feed_costs_a_304_and_the_second_run_finds_nothing_and_sends_nothing() {
+    let env = Env::new();
+    let (port, requests) = conditional_feed_server();
+    let smtp = util::smtp_server(&[]);
+    let source = format!("[[source]]\nname = \"gh\"\nkind = \"rss\"\nurl = \"http://127.0.0.1:{port}/old.xml\"\ntopic_tags = [\"github\"]\ntier = 1\n");
+    setup(&env, &source, NOOP_AGENT, &util::smtp_settings(smtp.port));
+    env.distribution("- ada@example.org\n");
+    env.steward(&["go-live", "noop-test-agent"]);
+
+    let first = env.steward(&["digest", "noop-test-agent"]);
+    assert!(summary(&first).contains("new_items=2"), "{first}");
+    assert!(summary(&first).contains("emailed=1/1"), "{first}");
+    let digest = digest_path(&env, "daily", "noop-test-agent");
+    let text = std::fs::read_to_string(&digest).unwrap();
+    assert!(
+        text.contains("moved permanently to http://127.0.0.1"),
+        "{text}"
+    );
+    let digests = || std::fs::read_dir(digest.parent().unwrap()).unwrap().count();
+    assert_eq!(digests(), 1);
+
+    let second = env.steward(&["digest", "noop-test-agent"]);
+    let line = summary(&second);
+    assert!(line.contains("new_items=0"), "{line}");
+    assert!(
+        line.contains("emailed=0/1 (1 already had this digest)"),
+        "{line}"
+    );
+    assert_eq!(digests(), 1, "a second digest file was written");
+    assert_eq!(smtp.messages.lock().unwrap().len(), 1, "mailed twice");
+
+    let requests = requests.lock().unwrap().clone();
+    let feed_gets: Vec<&String> = requests
+        .iter()
+        .filter(|r| r.starts_with("GET /feed.xml"))
+        .collect();
+    assert_eq!(feed_gets.len(), 2, "{requests:#?}");
+    let lower = feed_gets[1].to_ascii_lowercase();
+    assert!(lower.contains("if-none-match: \"v1\""), "{}", feed_gets[1]);
+    assert!(
+        lower.contains("if-modified-since: wed, 02 dec 2026 10:00:00 gmt"),
+        "{}",
+        feed_gets[1]
+    );
+    assert!(lower.contains("user-agent: steward/"), "{}", feed_gets[0]);
+    assert!(lower.contains("accept-encoding: gzip"), "{}", feed_gets[0]);
+}

@@ -34,22 +34,99 @@ pub struct Item {
     pub flags: Vec<String>,
 }
 
-/// Fetches and parses one source; the error is the reason shown in the digest.
-pub async fn fetch(source: &Source, base: &Path, max_items: usize) -> Result<Vec<Item>, String> {
+/// What a server said about a feed last time, to send back (conditional GET).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Validators {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_modified: Option<String>,
+}
+
+/// One source's fetch: its items, and what to remember about the server's answer.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    pub items: Vec<Item>,
+    /// The server said 304: nothing changed since the validators were sent.
+    pub not_modified: bool,
+    /// Validators to send next time (HTTP sources only).
+    pub validators: Option<Validators>,
+    /// Where a permanent redirect (301, 308) now points: the source's URL should change.
+    pub moved_to: Option<String>,
+}
+
+/// Most redirects followed for one feed.
+const MAX_REDIRECTS: usize = 5;
+
+/// Fetches and parses one source; the error is the reason shown in the digest. `sent`
+/// are the validators of the last fetch of an HTTP source, sent back.
+pub async fn fetch(
+    source: &Source,
+    base: &Path,
+    max_items: usize,
+    sent: Option<&Validators>,
+) -> Result<Fetched, String> {
+    let mut fetched = Fetched::default();
     let bytes = match (&source.url, &source.path, &source.command) {
-        (Some(url), _, _) => fetch_http(url, source.timeout()).await?,
+        (Some(url), _, _) => {
+            let answer = fetch_http(url, source.timeout(), sent).await?;
+            fetched.validators = Some(answer.validators);
+            fetched.moved_to = answer.moved_to;
+            match answer.body {
+                None => {
+                    fetched.not_modified = true;
+                    return Ok(fetched);
+                }
+                Some(body) => body,
+            }
+        }
         (_, Some(path), _) => read_file(&base.join(path))?,
         (_, _, Some(cmd)) => run_command(cmd, base, source.timeout()).await?,
         _ => return Err("no url, path or command".into()),
     };
-    parse(source, &bytes, max_items)
+    fetched.items = parse(source, &bytes, max_items)?;
+    Ok(fetched)
 }
 
-async fn fetch_http(url: &str, timeout: Duration) -> Result<Vec<u8>, String> {
+/// An HTTP answer: the body (None for 304 Not Modified) and what to remember.
+struct HttpAnswer {
+    body: Option<Vec<u8>>,
+    validators: Validators,
+    moved_to: Option<String>,
+}
+
+async fn fetch_http(
+    url: &str,
+    timeout: Duration,
+    sent: Option<&Validators>,
+) -> Result<HttpAnswer, String> {
+    let moved = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let policy = {
+        let moved = moved.clone();
+        reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.previous().len() >= MAX_REDIRECTS {
+                return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+            }
+            let permanent = matches!(attempt.status().as_u16(), 301 | 308);
+            let mut m = moved.lock().unwrap_or_else(|p| p.into_inner());
+            // Only a chain of permanent redirects moves the feed for good.
+            if permanent && (attempt.previous().len() == 1 || m.is_some()) {
+                *m = Some(attempt.url().to_string());
+            } else {
+                *m = None;
+            }
+            attempt.follow()
+        })
+    };
     let client = reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout.min(Duration::from_secs(10)))
-        .user_agent(concat!("steward/", env!("CARGO_PKG_VERSION")))
+        .user_agent(concat!(
+            "steward/",
+            env!("CARGO_PKG_VERSION"),
+            " (feed reader)"
+        ))
+        .redirect(policy)
         .build()
         .map_err(|e| format!("http client: {e}"))?;
     let fail = |e: reqwest::Error| {
@@ -57,14 +134,44 @@ async fn fetch_http(url: &str, timeout: Duration) -> Result<Vec<u8>, String> {
             format!("timed out after {:.0}s", timeout.as_secs_f64())
         } else if e.is_connect() {
             "cannot connect".to_string()
+        } else if e.is_redirect() {
+            format!("more than {MAX_REDIRECTS} redirects")
         } else {
             format!("fetch failed: {e}")
         }
     };
-    let mut resp = client.get(url).send().await.map_err(fail)?;
+    let mut request = client.get(url);
+    if let Some(v) = sent {
+        if let Some(etag) = &v.etag {
+            request = request.header(reqwest::header::IF_NONE_MATCH, etag);
+        }
+        if let Some(lm) = &v.last_modified {
+            request = request.header(reqwest::header::IF_MODIFIED_SINCE, lm);
+        }
+    }
+    let mut resp = request.send().await.map_err(fail)?;
+    let moved_to = moved.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let header = |name: reqwest::header::HeaderName| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    if resp.status() == reqwest::StatusCode::NOT_MODIFIED {
+        // Nothing new, and the validators stay what they were.
+        return Ok(HttpAnswer {
+            body: None,
+            validators: sent.cloned().unwrap_or_default(),
+            moved_to,
+        });
+    }
     if !resp.status().is_success() {
         return Err(format!("HTTP {}", resp.status().as_u16()));
     }
+    let validators = Validators {
+        etag: header(reqwest::header::ETAG),
+        last_modified: header(reqwest::header::LAST_MODIFIED),
+    };
     let mut body = Vec::new();
     while let Some(chunk) = resp.chunk().await.map_err(fail)? {
         body.extend_from_slice(&chunk);
@@ -72,7 +179,11 @@ async fn fetch_http(url: &str, timeout: Duration) -> Result<Vec<u8>, String> {
             return Err(format!("larger than {} MiB", MAX_FEED_BYTES >> 20));
         }
     }
-    Ok(body)
+    Ok(HttpAnswer {
+        body: Some(body),
+        validators,
+        moved_to,
+    })
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, String> {

@@ -3,6 +3,7 @@
 //! load-bearing claims, build the digest input, write the digest, curate findings, mark
 //! surfaced. Each step reports itself on fd 3; the output is [`RunOutput`] on stdout.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -10,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::digest::{self, Failure, SourceStatus};
 use super::email;
-use super::feed::{self, Item};
+use super::feed::{self, Item, Validators};
 use super::output::{report, RunOutput};
 use super::seen::{Novelty, Seen};
 use crate::config::agent::{Agent, Source};
@@ -46,6 +47,14 @@ struct Lifecycle<'a> {
     /// `steward digest --dry-run`: write nothing, show the digest.
     preview: bool,
     out: RunOutput,
+    /// HTTP validators by feed URL: read at the start, saved with the seen-tracker (a
+    /// validator is worth keeping only once what it answered for has been surfaced).
+    http: BTreeMap<String, Validators>,
+}
+
+/// `state/agents/<agent>/http.json`: each HTTP feed's ETag and Last-Modified.
+fn http_file(dir: &Path) -> PathBuf {
+    dir.join("http.json")
 }
 
 /// What steps 3 and 4 found.
@@ -81,6 +90,7 @@ pub async fn run_step(cfg: &Config, agent: &Agent, state: &Path, ctx: &Value) ->
         },
         date,
         preview: ctx["trigger"]["payload"]["preview"] == true,
+        http: BTreeMap::new(),
     };
     match run.steps(state).await {
         Ok(()) => {
@@ -96,6 +106,10 @@ impl<'a> Lifecycle<'a> {
         self.load_conventions();
         let dir = agent_dir(state, &self.agent.name);
         let (mut seen, last) = self.load_last_run_state(&dir)?;
+        self.http = std::fs::read_to_string(http_file(&dir))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
         let found = self.fetch_and_filter(&seen).await;
         self.claims(&found.surfaced).await;
         let (input, path, keep_existing) = self.build_digest_input(&found, &last);
@@ -154,19 +168,35 @@ impl<'a> Lifecycle<'a> {
         let (cfg, agent) = (self.cfg, self.agent);
         let sources = agent.sources(&cfg.sources);
         let max = agent.source_filter.max_items_per_source.unwrap_or(20);
-        let fetches = sources.iter().map(|s| feed::fetch(s, &cfg.root, max));
+        let fetches = sources.iter().map(|s| {
+            let sent = s.url.as_ref().and_then(|u| self.http.get(u));
+            feed::fetch(s, &cfg.root, max, sent)
+        });
         let results = futures_util::future::join_all(fetches).await;
         let mut statuses = Vec::new();
         let mut candidates: Vec<Item> = Vec::new();
         for (s, r) in sources.iter().zip(results) {
             match r {
-                Ok(items) => {
+                Ok(fetched) => {
+                    let mut status = if fetched.not_modified {
+                        "ok (not modified since the last poll)".to_string()
+                    } else {
+                        "ok".to_string()
+                    };
+                    if let Some(to) = &fetched.moved_to {
+                        status.push_str(&format!(
+                            "; moved permanently to {to}: update its url in sources.toml"
+                        ));
+                    }
                     statuses.push(SourceStatus {
                         name: s.name.clone(),
-                        status: "ok".into(),
-                        items: items.len(),
+                        status,
+                        items: fetched.items.len(),
                     });
-                    candidates.extend(items);
+                    if let (Some(url), Some(v)) = (&s.url, fetched.validators) {
+                        self.http.insert(url.clone(), v);
+                    }
+                    candidates.extend(fetched.items);
                 }
                 Err(reason) => {
                     statuses.push(SourceStatus {
@@ -438,6 +468,10 @@ impl<'a> Lifecycle<'a> {
         let _ = digest::write_atomic(
             &dir.join("state.json"),
             &serde_json::to_string_pretty(&state_json).unwrap_or_default(),
+        );
+        let _ = digest::write_atomic(
+            &http_file(dir),
+            &serde_json::to_string_pretty(&self.http).unwrap_or_default(),
         );
         report(
             "mark_surfaced",
