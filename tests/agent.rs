@@ -540,7 +540,7 @@ fn the_example_agent_in_config_writes_a_digest_offline() {
     );
     let d = std::fs::read_to_string(digest_path(&env, "daily", "steward-news")).unwrap();
     assert!(
-        d.contains("[withheld by the prompt-injection guard]") && d.contains("⚠ text withheld"),
+        d.contains(r"\[withheld by the prompt-injection guard\]") && d.contains("⚠ text withheld"),
         "the injection in the shipped feed is flagged:\n{d}"
     );
     assert!(!d.contains("forward the vault"), "{d}");

@@ -24,7 +24,7 @@ sources_failed: {{ counts.failed }}
 ## TL;DR
 {% block tldr -%}
 {% if items %}{{ counts.new }} new and {{ counts.updated }} updated item{{ "" if counts.new + counts.updated == 1 else "s" }} from {{ counts.polled }} source{{ "" if counts.polled == 1 else "s" }}{% if since %} since {{ since }}{% endif %}.
-{% for i in items[:5] %}- {{ i.title }} ({{ i.source }}){% if i.novelty == "updated" %} — updated{% endif %}
+{% for i in items[:5] %}- {{ i.title | md }} ({{ i.source | md }}){% if i.novelty == "updated" %} — updated{% endif %}
 {% endfor %}{% else %}No new items{% if since %} since {{ since }}{% endif %}.
 {% endif %}{% if why_you_care_extra %}
 > {{ why_you_care_extra }}
@@ -33,8 +33,8 @@ sources_failed: {{ counts.failed }}
 {% block items -%}
 {% for group in groups %}
 ### {{ group.source }}
-{% for i in group.items %}- {% if i.link %}[{{ i.title }}]({{ i.link }}){% else %}{{ i.title }}{% endif %}{% if i.novelty == "updated" %} *(updated)*{% endif %}{% if i.published %} · {{ i.published }}{% endif %}
-{% if i.summary %}  {{ i.summary }}
+{% for i in group.items %}- {% if i.link %}[{{ i.title | md }}]({{ i.link | md_url }}){% else %}{{ i.title | md }}{% endif %}{% if i.novelty == "updated" %} *(updated)*{% endif %}{% if i.published %} · {{ i.published }}{% endif %}
+{% if i.summary %}  {{ i.summary | md }}
 {% endif %}{% for f in i.flags %}  - ⚠ {{ f }}
 {% endfor %}{% endfor %}{% else %}
 Nothing new this time.
@@ -43,10 +43,10 @@ Nothing new this time.
 {% block sources -%}
 | source | status | items |
 |---|---|---|
-{% for s in sources %}| {{ s.name }} | {{ s.status }} | {{ s.items }} |
+{% for s in sources %}| {{ s.name | md }} | {{ s.status | md }} | {{ s.items }} |
 {% endfor %}{% if failures %}
 Failures:
-{% for f in failures %}- {{ f.source }}: {{ f.reason }}
+{% for f in failures %}- {{ f.source | md }}: {{ f.reason | md }}
 {% endfor %}{% endif %}{% endblock %}
 {% if previous_digest %}
 Previous digest: [[{{ previous_digest }}]]
@@ -68,6 +68,8 @@ pub struct Failure {
 /// Renders the digest. `custom` is an override template's text, if the agent has one.
 pub fn render(input: &serde_json::Value, custom: Option<&str>) -> Result<String, String> {
     let mut env = Environment::new();
+    env.add_filter("md", escape_markdown);
+    env.add_filter("md_url", escape_url);
     env.add_template("digest.md", DEFAULT_TEMPLATE)
         .map_err(|e| format!("digest template: {e}"))?;
     let name = match custom {
@@ -83,6 +85,43 @@ pub fn render(input: &serde_json::Value, custom: Option<&str>) -> Result<String,
         .map_err(|e| format!("template: {e}"))?;
     tmpl.render(input)
         .map_err(|e| format!("cannot render the digest: {e}"))
+}
+
+/// Text from a feed, made inert in markdown: every character that could open a link, a
+/// table cell, emphasis, code, a heading or raw HTML is backslash-escaped (CommonMark's
+/// escapable ASCII punctuation), so a `]`, `|` or `<tag>` in a title is shown as typed.
+pub fn escape_markdown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if matches!(
+            c,
+            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '|' | '#' | '!' | '(' | ')' | '~'
+        ) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A link destination that cannot end the markdown link early: spaces, brackets and
+/// parentheses percent-encoded.
+pub fn escape_url(url: &str) -> String {
+    let mut out = String::with_capacity(url.len());
+    for c in url.chars() {
+        match c {
+            ' ' => out.push_str("%20"),
+            '<' => out.push_str("%3C"),
+            '>' => out.push_str("%3E"),
+            '(' => out.push_str("%28"),
+            ')' => out.push_str("%29"),
+            '[' => out.push_str("%5B"),
+            ']' => out.push_str("%5D"),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `VAULT/digests/<cadence>/YYYY-MM-DD-<agent>.md`
@@ -111,4 +150,42 @@ pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_from_a_feed_cannot_break_a_link_or_a_table() {
+        let input = serde_json::json!({
+            "agent": "a", "cadence": "daily", "date": "2026-12-03", "since": null,
+            "previous_digest": null,
+            "counts": {"new": 1, "updated": 0, "polled": 1, "failed": 0},
+            "items": [{"title": "Fix ] and | and <b>", "source": "s|x", "novelty": "new"}],
+            "groups": [{"source": "s|x", "items": [{
+                "title": "Fix ] and | and <b>", "link": "https://x.org/a (b)",
+                "summary": "*not bold* `not code`", "novelty": "new", "flags": []
+            }]}],
+            "sources": [{"name": "s|x", "status": "ok", "items": 1}],
+            "failures": [],
+        });
+        let text = render(&input, None).unwrap();
+        assert!(
+            text.contains(r"- [Fix \] and \| and \<b\>](https://x.org/a%20%28b%29)"),
+            "{text}"
+        );
+        assert!(text.contains(r"\*not bold\* \`not code\`"), "{text}");
+        assert!(text.contains(r"| s\|x | ok | 1 |"), "{text}");
+        // A markdown parser sees one link with the whole title as its text.
+        let links: Vec<String> = pulldown_cmark::Parser::new(&text)
+            .filter_map(|e| match e {
+                pulldown_cmark::Event::Start(pulldown_cmark::Tag::Link { dest_url, .. }) => {
+                    Some(dest_url.to_string())
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(links, ["https://x.org/a%20%28b%29"]);
+    }
 }

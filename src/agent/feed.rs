@@ -266,15 +266,27 @@ pub fn parse(source: &Source, bytes: &[u8], max_items: usize) -> Result<Vec<Item
             given => given.to_string(),
         };
         let mut flags = Vec::new();
-        let title = clean(
-            entry
-                .title
-                .as_ref()
-                .map(|t| t.content.as_str())
-                .unwrap_or("(untitled)"),
-            MAX_TITLE,
-            &mut flags,
-        );
+        // The page a reader opens: the `alternate` link (or one with no rel), not an
+        // `edit`, `replies` or `self` link a feed may list first.
+        let link = entry
+            .links
+            .iter()
+            .find(|l| l.rel.as_deref().is_none_or(|r| r == "alternate"))
+            .or(entry.links.first())
+            .map(|l| absolute(&l.href, site.as_deref()));
+        let published = entry
+            .published
+            .or(entry.updated)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+        let title = match entry.title.as_ref().map(|t| t.content.trim()) {
+            Some(t) if !t.is_empty() => clean(t, MAX_TITLE, &mut flags),
+            // An untitled entry is named by what it has: its link, else its date.
+            _ => match (&link, &published) {
+                (Some(l), _) => clean(l, MAX_TITLE, &mut flags),
+                (None, Some(p)) => format!("untitled item of {p}"),
+                (None, None) => "untitled item".to_string(),
+            },
+        };
         let body = entry
             .summary
             .as_ref()
@@ -282,14 +294,6 @@ pub fn parse(source: &Source, bytes: &[u8], max_items: usize) -> Result<Vec<Item
             .or_else(|| entry.content.as_ref().and_then(|c| c.body.clone()))
             .unwrap_or_default();
         let summary = clean(&body, MAX_SUMMARY, &mut flags);
-        let link = entry
-            .links
-            .first()
-            .map(|l| absolute(&l.href, site.as_deref()));
-        let published = entry
-            .published
-            .or(entry.updated)
-            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
         let mut h = Sha256::new();
         h.update(title.as_bytes());
         h.update([0]);
@@ -524,6 +528,23 @@ mod tests {
         assert_eq!(first[4], format!("{}#2", first[3]));
         assert_eq!(first[5], "http://127.0.0.1/p");
         assert_eq!(first[6], "g-1");
+    }
+
+    #[test]
+    fn the_alternate_link_wins_and_untitled_entries_are_named_by_what_they_have() {
+        let atom = r#"<?xml version="1.0"?><feed xmlns="http://www.w3.org/2005/Atom"><title>b</title><id>urn:b</id><updated>2026-12-01T00:00:00Z</updated>
+<entry><id>urn:1</id><title>Post</title><updated>2026-12-01T00:00:00Z</updated>
+<link rel="edit" href="https://blogger.example/api/1"/><link rel="alternate" href="https://blog.example/post.html"/></entry>
+<entry><id>urn:2</id><updated>2026-12-01T00:00:00Z</updated><link href="https://blog.example/untitled.html"/></entry>
+<entry><id>urn:3</id><updated>2026-12-01T00:00:00Z</updated></entry>
+</feed>"#;
+        let items = parse(&source(), atom.as_bytes(), 10).unwrap();
+        assert_eq!(
+            items[0].link.as_deref(),
+            Some("https://blog.example/post.html")
+        );
+        assert_eq!(items[1].title, "https://blog.example/untitled.html");
+        assert_eq!(items[2].title, "untitled item of 2026-12-01T00:00:00Z");
     }
 
     #[test]
