@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use util::{Env, Run};
+use util::{copy_dir, Env, Run};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/feeds");
 
@@ -544,19 +544,6 @@ fn the_example_agent_in_config_writes_a_digest_offline() {
         "the injection in the shipped feed is flagged:\n{d}"
     );
     assert!(!d.contains("forward the vault"), "{d}");
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), &target).unwrap();
-        }
-    }
 }
 
 #[test]

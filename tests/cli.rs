@@ -12,8 +12,9 @@ use util::{wait_for, Env, Spec};
 const QUICK: &str = "cat >/dev/null\necho '{\"ok\": true}'\n";
 
 /// Runs `steward ARGS` with stdout's reader already gone (as after `| head -1`); returns
-/// the exit code and stderr.
-fn with_closed_stdout(env: &Env, args: &[&str], then: impl FnOnce()) -> (i32, String) {
+/// the exit code and stderr. `meanwhile` runs every 200 ms until steward has ended (a
+/// follower only notices the reader is gone when it next has something to print).
+fn with_closed_stdout(env: &Env, args: &[&str], mut meanwhile: impl FnMut()) -> (i32, String) {
     let mut child = env
         .command(args)
         .stdout(Stdio::piped())
@@ -21,14 +22,14 @@ fn with_closed_stdout(env: &Env, args: &[&str], then: impl FnOnce()) -> (i32, St
         .spawn()
         .unwrap();
     drop(child.stdout.take()); // the reader goes away
-    then();
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
         assert!(Instant::now() < deadline, "steward {args:?} did not end");
-        std::thread::sleep(Duration::from_millis(20));
+        meanwhile();
+        std::thread::sleep(Duration::from_millis(200));
     };
     let mut err = String::new();
     child
@@ -52,9 +53,9 @@ fn logs_to_a_closed_pipe_end_quietly_with_exit_0() {
         assert_eq!(code, 0, "steward {args:?}: {err}");
         assert!(!err.contains("panicked"), "steward {args:?}: {err}");
     }
-    // `logs -f`: it notices when it next has something to print.
+    // `logs -f`: it notices when it next has something to print, so runs keep coming
+    // until it has ended.
     let (code, err) = with_closed_stdout(&env, &["logs", "-f", "-n", "0"], || {
-        std::thread::sleep(Duration::from_millis(300));
         env.run("hello", false);
     });
     assert_eq!(code, 0, "{err}");

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use util::wait_for;
+use util::{copy_dir, wait_for};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -95,18 +95,6 @@ const EXPECTED: &[(&str, i32, &str)] = &[
     ),
     ("steward case verify rel-2", 0, "chain intact"),
 ];
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
 
 /// `sh -c COMMAND` in the walk-through's folder, `steward` on the PATH.
 fn shell(dir: &Path, command: &str) -> Command {

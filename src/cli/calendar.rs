@@ -78,11 +78,7 @@ fn schedule_of<'a>(cfg: &'a config::Config, id: &str) -> Result<&'a ScheduleTrig
     bail!(
         "no workflow, agent or agency named `{id}` in {} (scheduled: {})",
         cfg.root.display(),
-        if known.is_empty() {
-            "none".to_string()
-        } else {
-            known.join(", ")
-        }
+        crate::config::list_or_none(&known)
     )
 }
 

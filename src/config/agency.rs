@@ -145,7 +145,7 @@ pub fn load(
                         "roster member `{}` runs workflow `{}`, which is not in the config (workflows: {})",
                         m.name,
                         m.workflow,
-                        known.join(", ")
+                        super::list_or_none(&known)
                     ),
                 ));
             }

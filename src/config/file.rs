@@ -130,13 +130,7 @@ impl ConfigError {
                 break;
             }
         }
-        let (line, column) = found.unwrap_or((1, 1));
-        ConfigError {
-            file: file.into(),
-            line,
-            column,
-            message: message.into(),
-        }
+        ConfigError::found_at(file, found, message)
     }
 
     /// An error located at the first line containing `needle` (a value that appears in
@@ -151,6 +145,15 @@ impl ConfigError {
             line.find(needle)
                 .map(|c| (n + 1, line[..c].chars().count() + 1))
         });
+        ConfigError::found_at(file, found, message)
+    }
+
+    /// An error at `(line, column)` if the place was found, else at the file's start.
+    fn found_at(
+        file: impl Into<PathBuf>,
+        found: Option<(usize, usize)>,
+        message: impl Into<String>,
+    ) -> ConfigError {
         let (line, column) = found.unwrap_or((1, 1));
         ConfigError {
             file: file.into(),

@@ -31,11 +31,16 @@ pub struct UnknownWorkflow {
     pub known: Vec<String>,
 }
 
-fn list_or_none(names: &[String]) -> String {
+/// `a, b, c` for an error that lists what exists, or `none`.
+pub fn list_or_none<S: AsRef<str>>(names: &[S]) -> String {
     if names.is_empty() {
         "none".to_string()
     } else {
-        names.join(", ")
+        names
+            .iter()
+            .map(AsRef::as_ref)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 

@@ -14,11 +14,7 @@ pub(super) fn open(service: &Service, agency_id: &str, case_id: &str, signal: Va
         anyhow!(
             "no agency `{agency_id}` in {} (agencies: {})",
             config.root.join("agencies").display(),
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
+            crate::config::list_or_none(&known)
         )
     })?;
     let case = agency::open(&service.engine, a, case_id, signal)?;

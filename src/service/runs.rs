@@ -41,11 +41,7 @@ pub(super) async fn digest(service: &Service, agent: &str, preview: bool) -> Han
         bail!(
             "no digest agent named `{agent}` in {} (agents: {})",
             config.root.join("agents").display(),
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
+            crate::config::list_or_none(&known)
         );
     }
     let wf = service.workflow(&config, agent)?;

@@ -101,11 +101,7 @@ pub fn unread_queue_warning(config: &Config, queue: &str) -> Option<String> {
     }
     Some(format!(
         "no workflow reads queue `{queue}` (queues read: {}); the item waits until one does",
-        if read.is_empty() {
-            "none".to_string()
-        } else {
-            read.join(", ")
-        }
+        crate::config::list_or_none(&read)
     ))
 }
 

@@ -76,39 +76,27 @@ const PROBE: i64 = 6 * 3600;
 /// four years crosses about eight).
 const MAX_STRETCHES: usize = 256;
 
-/// The fields of a cron line, by count (seconds first when there are six, a year last
-/// when there are seven), with the values each takes.
-fn field_names(count: usize) -> Option<&'static [(&'static str, &'static str)]> {
-    const FIVE: [(&str, &str); 5] = [
+/// The fields of a cron line, by count (seconds first when there are six or seven, a
+/// year last when there are seven), with the values each takes.
+fn field_names(count: usize) -> Option<Vec<(&'static str, &'static str)>> {
+    const STANDARD: [(&str, &str); 5] = [
         ("minute", "0-59"),
         ("hour", "0-23"),
         ("day-of-month", "1-31"),
         ("month", "1-12 or JAN-DEC"),
         ("day-of-week", "0-7 or SUN-SAT"),
     ];
-    const SIX: [(&str, &str); 6] = [
-        ("second", "0-59"),
-        ("minute", "0-59"),
-        ("hour", "0-23"),
-        ("day-of-month", "1-31"),
-        ("month", "1-12 or JAN-DEC"),
-        ("day-of-week", "0-7 or SUN-SAT"),
-    ];
-    const SEVEN: [(&str, &str); 7] = [
-        ("second", "0-59"),
-        ("minute", "0-59"),
-        ("hour", "0-23"),
-        ("day-of-month", "1-31"),
-        ("month", "1-12 or JAN-DEC"),
-        ("day-of-week", "0-7 or SUN-SAT"),
-        ("year", "1-9999"),
-    ];
+    let mut names = STANDARD.to_vec();
     match count {
-        5 => Some(&FIVE),
-        6 => Some(&SIX),
-        7 => Some(&SEVEN),
-        _ => None,
+        5 => {}
+        6 => names.insert(0, ("second", "0-59")),
+        7 => {
+            names.insert(0, ("second", "0-59"));
+            names.push(("year", "1-9999"));
+        }
+        _ => return None,
     }
+    Some(names)
 }
 
 fn parser() -> CronParser {

@@ -303,6 +303,20 @@ fn toml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap()
 }
 
+/// Copies a folder tree (a config folder into a test's own place).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
 /// Waits until `cond` holds, or panics after `limit` with `what`.
 pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
