@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::file::{read_toml, toml_files, valid_id, ConfigError};
+use super::file::{list_or_none, read_toml, toml_files, valid_id, ConfigError};
 use super::workflow::{ScheduleTrigger, Workflow};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -145,7 +145,7 @@ pub fn load(
                         "roster member `{}` runs workflow `{}`, which is not in the config (workflows: {})",
                         m.name,
                         m.workflow,
-                        super::list_or_none(&known)
+                        list_or_none(&known)
                     ),
                 ));
             }

@@ -91,6 +91,19 @@ fn quote_hint(line: &str) -> Option<&'static str> {
     }
 }
 
+/// `a, b, c` for an error that lists what exists, or `none`.
+pub fn list_or_none<S: AsRef<str>>(names: &[S]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names
+            .iter()
+            .map(AsRef::as_ref)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// Whether `name` is safe to use as a workflow id and in a path.
 pub fn valid_id(name: &str) -> bool {
     !name.is_empty()

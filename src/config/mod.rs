@@ -14,7 +14,7 @@ pub mod workflow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use file::{line_col, parse_toml, read_toml, toml_files, valid_id, ConfigError};
+pub use file::{line_col, list_or_none, parse_toml, read_toml, toml_files, valid_id, ConfigError};
 pub use parse::{load_file, parse_workflow};
 pub use settings::{RetentionSettings, Settings, Smtp, SmtpSecurity};
 pub use workflow::{
@@ -29,19 +29,6 @@ pub struct UnknownWorkflow {
     pub id: String,
     pub dir: PathBuf,
     pub known: Vec<String>,
-}
-
-/// `a, b, c` for an error that lists what exists, or `none`.
-pub fn list_or_none<S: AsRef<str>>(names: &[S]) -> String {
-    if names.is_empty() {
-        "none".to_string()
-    } else {
-        names
-            .iter()
-            .map(AsRef::as_ref)
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
 }
 
 /// The variable an agent's steps find their config snapshot in.
