@@ -191,13 +191,16 @@ impl Parser {
                     element_source.set_default_default_namespace(NS::Atom);
                     return atom::parse_entry(self, root);
                 }
-                ("rss", Some("2.0")) => {
-                    element_source.set_default_default_namespace(NS::RSS);
-                    return rss2::parse(self, root);
-                }
-                ("rss", Some("0.91")) | ("rss", Some("0.92")) => {
+                // RSS 0.9x: 0.91 (Netscape and Userland), 0.92, 0.93, 0.94
+                ("rss", Some(v)) if v.trim().starts_with("0.9") => {
                     element_source.set_default_default_namespace(NS::RSS);
                     return rss0::parse(self, root);
+                }
+                // RSS 2.0, and the versions feeds in the wild claim or leave out (2.01,
+                // 2.1, none): all read as RSS 2.0, as other readers do
+                ("rss", _) => {
+                    element_source.set_default_default_namespace(NS::RSS);
+                    return rss2::parse(self, root);
                 }
                 ("RDF", _) => {
                     element_source.set_default_default_namespace(NS::RSS);

@@ -36,6 +36,12 @@ impl<R: BufRead> ElementSource<R> {
         config.expand_empty_elements = true;
         config.trim_markup_names_in_closing_tags = true;
         config.trim_text(false);
+        // Feeds in the wild are often not well-formed XML: a misspelt or mismatched end
+        // tag, a stray end tag, a bare `&`. Readers (gofeed, feedparser) read them anyway,
+        // so end tags close whatever is open and a bare `&` is text.
+        config.check_end_names = false;
+        config.allow_unmatched_ends = true;
+        config.allow_dangling_amp = true;
 
         let state = RefCell::new(SourceState::new(reader, xml_base_uri)?);
         Ok(ElementSource { state })
@@ -55,7 +61,7 @@ impl<R: BufRead> ElementSource<R> {
     }
 
     // Return the raw XML of all children at or below the nominated depth
-    fn children_as_string(&self, depth: u32, buffer: &mut String) -> XmlResult<()> {
+    fn children_as_string(&self, depth: u32, buffer: &mut String, escape_text: bool) -> XmlResult<()> {
         // Read nodes at the current depth or greater
         let mut state = self.state.borrow_mut();
         let mut current_depth = depth;
@@ -79,13 +85,18 @@ impl<R: BufRead> ElementSource<R> {
                     }
 
                     XmlEvent::Text(text) => {
-                        // Append text to the buffer
-                        append_element_text(buffer, text);
+                        // Append text to the buffer; inside markup that is re-serialised,
+                        // text must stay text: `&lt;p&gt;` is not a `<p>` element
+                        if escape_text {
+                            buffer.push_str(&quick_xml::escape::partial_escape(text.as_str()));
+                        } else {
+                            append_element_text(buffer, text);
+                        }
                     }
 
                     XmlEvent::End { name, .. } => {
                         // Break out of the iteration if we would move above our iteration depth
-                        current_depth -= 1;
+                        current_depth = current_depth.saturating_sub(1);
                         if current_depth < depth {
                             break;
                         }
@@ -136,7 +147,8 @@ impl<R: BufRead> ElementSource<R> {
 
                 // The end of an element moves back up the hierarchy
                 XmlEvent::End { .. } => {
-                    state.current_depth -= 1;
+                    // A stray end tag (allowed above) must not take the depth below zero.
+                    state.current_depth = state.current_depth.saturating_sub(1);
 
                     // Update the xml-base if required
                     ElementSource::xml_base_pop(&mut state);
@@ -152,14 +164,10 @@ impl<R: BufRead> ElementSource<R> {
             }
         }
 
-        // Hit the end of the document
-        if state.current_depth > 0 {
-            // let msg = format!("documented terminated at depth {}", state.current_depth);
-            let e = quick_xml::Error::Syntax(quick_xml::errors::SyntaxError::UnclosedTag);
-            Err(XmlError::Parser { e })
-        } else {
-            Ok(None)
-        }
+        // Hit the end of the document. A document cut off before its last end tags (a
+        // truncated download, a sloppy generator) closes whatever is still open: what was
+        // read so far is kept rather than the whole feed failing.
+        Ok(None)
     }
 
     // Extracts a text element
@@ -235,6 +243,8 @@ struct SourceState<R: BufRead> {
     current_depth: u32,
     base_uris: Vec<(u32, Url)>,
     default_namespace: NS,
+    // The input ended (or was cut off inside markup): nothing more is read from it
+    ended: bool,
 }
 
 impl<R: BufRead> SourceState<R> {
@@ -256,6 +266,7 @@ impl<R: BufRead> SourceState<R> {
             current_depth: 0,
             base_uris,
             default_namespace: NS::Unknown,
+            ended: false,
         };
         state.next = state.fetch_next();
         Ok(state)
@@ -268,6 +279,9 @@ impl<R: BufRead> SourceState<R> {
             return Ok(Some(event));
         }
 
+        if self.ended {
+            return Ok(None);
+        }
         let decoder = self.reader.decoder();
         let reader = &mut self.reader;
 
@@ -275,7 +289,13 @@ impl<R: BufRead> SourceState<R> {
         let mut text: Option<String> = None;
 
         loop {
-            let (ns_resolution, event) = reader.read_resolved_event_into(&mut self.buf_event)?;
+            let (ns_resolution, event) = match reader.read_resolved_event_into(&mut self.buf_event) {
+                Ok(read) => read,
+                // Every syntax error means the input ended inside markup (a tag, comment
+                // or CDATA section cut off): the document ends there.
+                Err(quick_xml::Error::Syntax(_)) => (ResolveResult::Unbound, Event::Eof),
+                Err(e) => return Err(e.into()),
+            };
 
             match event {
                 // Start of an element
@@ -348,6 +368,7 @@ impl<R: BufRead> SourceState<R> {
 
                 // The end of the document
                 Event::Eof => {
+                    self.ended = true;
                     return Ok(text.take().map(XmlEvent::Text));
                 }
 
@@ -419,7 +440,16 @@ impl<'a, R: BufRead> Element<'a, R> {
     pub(crate) fn children_as_string(&self) -> XmlResult<Option<String>> {
         // Fill the buffer with the XML content below this element
         let mut buffer = String::new();
-        self.source.children_as_string(self.depth + 1, &mut buffer)?;
+        self.source.children_as_string(self.depth + 1, &mut buffer, false)?;
+
+        Ok(Some(buffer))
+    }
+
+    /// Serialises the children of this node as markup (e.g. Atom `type="xhtml"`): unlike
+    /// `children_as_string`, text is escaped, so escaped markup in the source stays text
+    pub(crate) fn children_as_markup(&self) -> XmlResult<Option<String>> {
+        let mut buffer = String::new();
+        self.source.children_as_string(self.depth + 1, &mut buffer, true)?;
 
         Ok(Some(buffer))
     }
@@ -473,6 +503,13 @@ impl NS {
         match s {
             "http://purl.org/rss/1.0/" => NS::RSS,
             "http://www.w3.org/2005/Atom" => NS::Atom,
+
+            // Older names for the same vocabularies: Atom 0.3, RSS 0.90 (Netscape's RDF),
+            // and RSS 2.0 in the namespace Userland and Harvard once gave it. Their
+            // elements are read by the Atom and RSS parsers, which know the old names.
+            "http://purl.org/atom/ns#" => NS::Atom,
+            "http://my.netscape.com/rdf/simple/0.9/" => NS::RSS,
+            "http://backend.userland.com/rss2" | "http://blogs.law.harvard.edu/tech/rss" => NS::RSS,
 
             // Extension namespaces
             "http://purl.org/rss/1.0/modules/content/" => NS::Content,

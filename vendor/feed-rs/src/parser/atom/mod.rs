@@ -26,7 +26,8 @@ pub(crate) fn parse_feed<R: BufRead>(parser: &Parser, root: Element<R>) -> Parse
 
             (NS::Atom, "title") => feed.title = handle_text(child)?,
 
-            (NS::Atom, "updated") => if_some_then(child.child_as_text(), |text| feed.updated = parser.parse_timestamp(&text)),
+            // Atom 0.3 calls it "modified"
+            (NS::Atom, "updated") | (NS::Atom, "modified") => if_some_then(child.child_as_text(), |text| feed.updated = parser.parse_timestamp(&text)),
 
             (NS::Atom, "author") => if_some_then(handle_person(child)?, |person| feed.authors.push(person)),
 
@@ -42,9 +43,10 @@ pub(crate) fn parse_feed<R: BufRead>(parser: &Parser, root: Element<R>) -> Parse
 
             (NS::Atom, "logo") => feed.logo = handle_image(child),
 
-            (NS::Atom, "rights") => feed.rights = handle_text(child)?,
+            // Atom 0.3 calls them "copyright" and "tagline"
+            (NS::Atom, "rights") | (NS::Atom, "copyright") => feed.rights = handle_text(child)?,
 
-            (NS::Atom, "subtitle") => feed.description = handle_text(child)?,
+            (NS::Atom, "subtitle") | (NS::Atom, "tagline") => feed.description = handle_text(child)?,
 
             (NS::Atom, "entry") => if_some_then(handle_entry(parser, child)?, |entry| feed.entries.push(entry)),
 
@@ -110,9 +112,8 @@ fn handle_content<R: BufRead>(element: Element<R>) -> ParseFeedResult<Option<Con
     if let Some(src) = element.attr_value("src") {
         // > If the "src" attribute is present, the "type" attribute SHOULD be provided and MUST be a MIME media type, rather than "text", "html", or "xhtml".
         let mime = match &content_type {
-            Some(ct) => ct
-                .parse::<MediaTypeBuf>()
-                .map_err(|_| ParseFeedError::ParseError(ParseErrorKind::UnknownMimeType(ct.into())))?,
+            // A type that does not parse says nothing usable: read as for a missing one
+            Some(ct) => ct.parse::<MediaTypeBuf>().unwrap_or_else(|_| MediaTypeBuf::new(names::TEXT, names::HTML)),
             None => {
                 // According to the spec the content type only SHOULD be provided.
                 // Unfortunately `Content` has media type as required. So we treat a missing type as text/html as that is probably the most common. Not to mention that `body` will be `None` so we are just providing a content type for nothing.
@@ -143,6 +144,15 @@ fn handle_content<R: BufRead>(element: Element<R>) -> ParseFeedResult<Option<Con
         return Ok(Some(content));
     }
 
+    // Atom 0.3 says how the content is encoded in "mode" rather than in "type"
+    if element.attr_value("mode").is_some() {
+        return Ok(handle_text(element)?.map(|text| Content {
+            body: Some(text.content),
+            content_type: text.content_type,
+            ..Default::default()
+        }));
+    }
+
     // from http://www.atomenabled.org/developers/syndication/#contentElement
     match content_type.as_deref() {
         // Should be handled as a text element per "In the most common case, the type attribute is either text, html, xhtml, in which case the content element is defined identically to other text constructs"
@@ -159,7 +169,7 @@ fn handle_content<R: BufRead>(element: Element<R>) -> ParseFeedResult<Option<Con
         }
 
         // XML per "Otherwise, if the type attribute ends in +xml or /xml, then an xml document of this type is contained inline."
-        Some(ct) if ct.ends_with(" +xml") || ct.ends_with("/xml") => {
+        Some(ct) if ct.ends_with("+xml") || ct.ends_with("/xml") => {
             handle_text(element)?
                 .map(|body| {
                     let mut content = Content::default();
@@ -174,22 +184,15 @@ fn handle_content<R: BufRead>(element: Element<R>) -> ParseFeedResult<Option<Con
         // Escaped text per "Otherwise, if the type attribute starts with text, then an escaped document of this type is contained inline." and
         // also handles base64 encoded document of the indicated mime type per "Otherwise, a base64 encoded document of the indicated media type is contained inline."
         Some(ct) => {
-            if let Ok(mime) = ct.parse::<MediaTypeBuf>() {
-                element
-                    .child_as_text()
-                    .map(|body| {
-                        let content = Content {
-                            body: Some(body),
-                            content_type: mime,
-                            ..Default::default()
-                        };
-                        Some(content)
-                    })
-                    // The text is required for an inline text or base64 element
-                    .ok_or(ParseFeedError::ParseError(ParseErrorKind::MissingContent("content.inline")))
-            } else {
-                Err(ParseFeedError::ParseError(ParseErrorKind::UnknownMimeType(ct.into())))
-            }
+            // A type that is not a media type at all is read as text rather than failing the feed
+            let mime = ct.parse::<MediaTypeBuf>().unwrap_or_else(|_| MediaTypeBuf::new(names::TEXT, names::PLAIN));
+            // An empty element is no content, not a broken feed. A binary type holds base64;
+            // the body stays encoded (it is not text)
+            Ok(element.child_as_text().map(|body| Content {
+                body: Some(body),
+                content_type: mime,
+                ..Default::default()
+            }))
         }
     }
 }
@@ -209,7 +212,7 @@ fn handle_entry<R: BufRead>(parser: &Parser, element: Element<R>) -> ParseFeedRe
 
             (NS::Atom, "title") => entry.title = handle_text(child)?,
 
-            (NS::Atom, "updated") => if_some_then(child.child_as_text(), |text| entry.updated = parser.parse_timestamp(&text)),
+            (NS::Atom, "updated") | (NS::Atom, "modified") => if_some_then(child.child_as_text(), |text| entry.updated = parser.parse_timestamp(&text)),
 
             (NS::Atom, "author") => if_some_then(handle_person(child)?, |person| entry.authors.push(person)),
 
@@ -227,10 +230,19 @@ fn handle_entry<R: BufRead>(parser: &Parser, element: Element<R>) -> ParseFeedRe
 
             (NS::Atom, "contributor") => if_some_then(handle_person(child)?, |person| entry.contributors.push(person)),
 
-            // Some feeds have "pubDate" instead of "published"
-            (NS::Atom, "published") | (NS::Atom, "pubDate") => if_some_then(child.child_as_text(), |text| entry.published = parser.parse_timestamp(&text)),
+            // Some feeds have "pubDate" instead of "published"; Atom 0.3 has "issued"
+            (NS::Atom, "published") | (NS::Atom, "pubDate") | (NS::Atom, "issued") => {
+                if_some_then(child.child_as_text(), |text| entry.published = parser.parse_timestamp(&text))
+            }
 
-            (NS::Atom, "rights") => entry.rights = handle_text(child)?,
+            // Atom 0.3's "created" is the nearest it has to a publication date
+            (NS::Atom, "created") => {
+                if entry.published.is_none() {
+                    if_some_then(child.child_as_text(), |text| entry.published = parser.parse_timestamp(&text))
+                }
+            }
+
+            (NS::Atom, "rights") | (NS::Atom, "copyright") => entry.rights = handle_text(child)?,
 
             // MediaRSS group creates a new object for this group of elements
             (NS::MediaRSS, "group") => if_some_then(mediarss::handle_media_group(child)?, |obj| entry.media.push(obj)),
@@ -335,7 +347,8 @@ fn handle_person<R: BufRead>(element: Element<R>) -> ParseFeedResult<Option<Pers
         match (tag_name, child_text) {
             // Extract the fields from the spec
             ("name", Some(name)) => person.name = name,
-            ("uri", uri) => person.uri = uri,
+            // Atom 0.3 calls it "url"
+            ("uri", uri) | ("url", uri) => person.uri = uri,
             ("email", email) => person.email = email,
 
             // Nothing required for unknown elements
@@ -346,26 +359,65 @@ fn handle_person<R: BufRead>(element: Element<R>) -> ParseFeedResult<Option<Pers
     Ok(Some(person))
 }
 
+/// How the body of a text construct is written
+#[derive(Debug, PartialEq)]
+enum TextEncoding {
+    /// Character data: plain text, or escaped HTML
+    Escaped,
+    /// Inline markup (Atom 1.0 "xhtml", Atom 0.3 mode="xml")
+    Markup,
+    /// Base64 (Atom 0.3 mode="base64", or a binary media type)
+    Base64,
+}
+
+// Works out a text construct's media type and encoding from its "type" and (Atom 0.3) "mode"
+// attributes. An empty, unknown or non-text type never fails the feed: it is read as text.
+fn text_encoding(type_attr: Option<&str>, mode: Option<&str>) -> (MediaTypeBuf, TextEncoding) {
+    let plain = || MediaTypeBuf::new(names::TEXT, names::PLAIN);
+    let html = || MediaTypeBuf::new(names::TEXT, names::HTML);
+    let (mime, encoding) = match type_attr.map(str::trim).unwrap_or("") {
+        "" | "text" | "text/plain" => (plain(), TextEncoding::Escaped),
+        "html" | "text/html" => (html(), TextEncoding::Escaped),
+        "xhtml" | "application/xhtml+xml" => (html(), TextEncoding::Markup),
+        other => match other.parse::<MediaTypeBuf>() {
+            Ok(mime) if mime.ty() == names::TEXT => (mime, TextEncoding::Escaped),
+            Ok(mime) if mime.subty() == names::XML || mime.suffix() == Some(names::XML) => (mime, TextEncoding::Markup),
+            // Any other media type is binary, so base64 per RFC 4287 3.1.1
+            Ok(_) => (plain(), TextEncoding::Base64),
+            Err(_) => (plain(), TextEncoding::Escaped),
+        },
+    };
+    match mode.map(str::trim) {
+        Some("base64") => (mime, TextEncoding::Base64),
+        Some("xml") => (html(), TextEncoding::Markup),
+        Some("escaped") => (mime, TextEncoding::Escaped),
+        _ => (mime, encoding),
+    }
+}
+
 // Directly handles an Atom <title>, <summary>, <rights> or <subtitle> element
 pub(crate) fn handle_text<R: BufRead>(element: Element<R>) -> ParseFeedResult<Option<Text>> {
-    // Find type, defaulting to "text" if not present
-    let type_attr = element.attributes.iter().find(|a| &a.name == "type").map_or("text", |a| a.value.as_str());
+    let (mime, encoding) = text_encoding(element.attr_value("type").as_deref(), element.attr_value("mode").as_deref());
 
-    let mime = match type_attr {
-        "text" => Ok(MediaTypeBuf::new(names::TEXT, names::PLAIN)),
-        "html" | "xhtml" | "text/html" => Ok(MediaTypeBuf::new(names::TEXT, names::HTML)),
+    let body = match encoding {
+        TextEncoding::Markup => element.children_as_markup()?,
+        TextEncoding::Escaped => element.children_as_string()?,
+        TextEncoding::Base64 => {
+            let raw = element.children_as_string()?.unwrap_or_default();
+            let compact: String = raw.split_whitespace().collect();
+            // Decoded text is kept when it is text; anything else stays as it was written
+            let decoded = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, compact.as_bytes())
+                .ok()
+                .and_then(|bytes| String::from_utf8(bytes).ok());
+            Some(decoded.unwrap_or(raw))
+        }
+    };
 
-        // Unknown content type
-        _ => Err(ParseFeedError::ParseError(ParseErrorKind::UnknownMimeType(type_attr.into()))),
-    }?;
-
-    element
-        .children_as_string()?
-        .map(|content| {
-            let mut text = Text::new(content);
-            text.content_type = mime;
-            Some(text)
-        })
-        // Need the text for a text element
-        .ok_or(ParseFeedError::ParseError(ParseErrorKind::MissingContent("text")))
+    body.map(|content| {
+        let mut text = Text::new(content);
+        text.content_type = mime;
+        Some(text)
+    })
+    // Need the text for a text element
+    .ok_or(ParseFeedError::ParseError(ParseErrorKind::MissingContent("text")))
 }

@@ -24,13 +24,16 @@ pub(crate) fn parse<R: Read>(parser: &Parser, stream: R) -> ParseFeedResult<Feed
 fn convert(parser: &Parser, jf: JsonFeed) -> ParseFeedResult<Feed> {
     let mut feed = Feed::new(FeedType::JSON);
 
-    // If the version exists, it should be something we support
-    if !jf.version.starts_with("https://jsonfeed.org/version/1") {
+    // If the version exists, it should be something we support. Feeds in the wild also
+    // write the version as a bare number ("1.0", "1.1")
+    let version = jf.version.trim();
+    let supported = version.starts_with("https://jsonfeed.org/version/1") || version == "1" || version.starts_with("1.");
+    if !supported {
         return ParseFeedResult::Err(ParseFeedError::JsonUnsupportedVersion(jf.version));
     }
 
     // Convert feed level fields
-    feed.title = Some(Text::new(jf.title));
+    feed.title = jf.title.map(Text::new);
 
     if_some_then(jf.home_page_url, |uri| feed.links.push(Link::new(uri, None)));
 
@@ -165,7 +168,9 @@ fn handle_item(parser: &Parser, ji: JsonItem) -> Entry {
 #[derive(Debug, Deserialize)]
 struct JsonFeed {
     pub version: String,
-    pub title: String,
+    // Required by the spec, but a feed without one still has items worth reading
+    #[serde(default)]
+    pub title: Option<String>,
     pub home_page_url: Option<String>,
     pub feed_url: Option<String>,
     pub language: Option<String>,
@@ -174,15 +179,31 @@ struct JsonFeed {
     pub favicon: Option<String>,
     pub author: Option<JsonAuthor>,
     pub authors: Option<Vec<JsonAuthor>>,
+    #[serde(default)]
     pub items: Vec<JsonItem>,
 }
 
 #[derive(Debug, Deserialize)]
 struct JsonAttachment {
     url: String,
+    #[serde(default = "default_attachment_type")]
     mime_type: String,
     title: Option<String>,
     size_in_bytes: Option<u64>,
+}
+
+// Reads an id written as a string or as a number
+fn string_or_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    Ok(match <Option<serde_json::Value> as serde::Deserialize>::deserialize(deserializer)? {
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    })
+}
+
+// An attachment that does not say what it is
+fn default_attachment_type() -> String {
+    "application/octet-stream".into()
 }
 
 #[derive(Debug, Deserialize)]
@@ -193,6 +214,8 @@ struct JsonAuthor {
 
 #[derive(Debug, Deserialize)]
 struct JsonItem {
+    // A string per the spec; some feeds write a number, which is the same id
+    #[serde(default, deserialize_with = "string_or_number")]
     pub id: Option<String>,
     pub url: Option<String>,
     pub external_url: Option<String>,

@@ -104,6 +104,13 @@ fn handle_item<R: BufRead>(parser: &Parser, element: Element<R>) -> ParseFeedRes
         match child.ns_and_tag() {
             (NS::RSS, "title") => entry.title = util::handle_text(child),
 
+            // Dublin Core's title stands in for a missing RSS one
+            (NS::DublinCore, "title") => {
+                if entry.title.is_none() {
+                    entry.title = util::handle_text(child)
+                }
+            }
+
             (NS::RSS, "link") => if_some_then(util::handle_link(child), |link| entry.links.push(link)),
 
             (NS::RSS, "description") => entry.summary = util::handle_text(child),
@@ -154,11 +161,14 @@ fn handle_item<R: BufRead>(parser: &Parser, element: Element<R>) -> ParseFeedRes
         }
     }
 
-    // If we found at least 1 link
-    Ok(if !entry.links.is_empty() {
-        Some(entry)
-    } else {
-        // No point returning anything if we are missing a destination
-        None
-    })
+    // An item with no <link> is still an item. Its rdf:about is, per the spec, the same URL
+    // as the link would be, so it stands in when it is one
+    if entry.links.is_empty() {
+        if let Some(about) = element.attr_value("rdf:about").map(|a| a.trim().to_string()) {
+            if about.starts_with("http://") || about.starts_with("https://") {
+                entry.links.push(Link::new(about, element.xml_base.as_ref()));
+            }
+        }
+    }
+    Ok(Some(entry))
 }

@@ -8,7 +8,7 @@ use crate::parser::mediarss::handle_media_element;
 use crate::parser::util::{if_ok_then_some, if_some_then};
 use crate::parser::{atom, Parser};
 use crate::parser::{mediarss, util};
-use crate::parser::{ParseErrorKind, ParseFeedError, ParseFeedResult};
+use crate::parser::ParseFeedResult;
 use crate::xml::{Element, NS};
 
 #[cfg(test)]
@@ -21,10 +21,10 @@ pub(crate) fn parse<R: BufRead>(parser: &Parser, root: Element<R>) -> ParseFeedR
         Ok(element) => &element.name == "channel",
         Err(_) => true,
     });
-    if let Some(channel) = found_channel {
-        handle_channel(parser, channel?)
-    } else {
-        Err(ParseFeedError::ParseError(ParseErrorKind::NoFeedRoot))
+    match found_channel {
+        Some(channel) => handle_channel(parser, channel?),
+        // An <rss> element with no channel is a feed with nothing in it yet
+        None => Ok(Feed::new(FeedType::RSS2)),
     }
 }
 
@@ -223,6 +223,13 @@ fn handle_item<R: BufRead>(parser: &Parser, element: Element<R>) -> ParseFeedRes
         let child = child?;
         match child.ns_and_tag() {
             (NS::RSS, "title") => entry.title = util::handle_text(child),
+
+            // Dublin Core's title stands in for a missing RSS one
+            (NS::DublinCore, "title") => {
+                if entry.title.is_none() {
+                    entry.title = util::handle_text(child)
+                }
+            }
 
             (NS::RSS, "link") => if_some_then(util::handle_link(child), |link| entry.links.push(link)),
 

@@ -314,13 +314,15 @@ fn test_spec_1() {
     assert_eq!(actual, expected);
 }
 
-// Verifies that an invalid XML document (e.g. truncated) fails to parse
+// Verifies that a truncated document is read up to where it was cut off (it used to fail
+// as a whole)
 #[test]
 fn test_invalid_1() {
     // Parse the feed
     let test_data = test::fixture_as_string("rss2/rss_2.0_invalid_1.xml");
-    let feed = parser::parse(test_data.as_bytes());
-    assert!(feed.is_err());
+    let feed = parser::parse(test_data.as_bytes()).unwrap();
+    assert_eq!(feed.title.unwrap().content, "Reuters: Most Read Articles");
+    assert!(feed.entries.is_empty());
 }
 
 // Verifies that we can handle non-UTF8 streams
