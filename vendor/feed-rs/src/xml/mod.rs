@@ -5,7 +5,7 @@ use std::fmt::Debug;
 use std::io::BufRead;
 use std::mem;
 
-use quick_xml::events::{BytesEnd, BytesStart, Event};
+use quick_xml::events::{BytesStart, Event};
 use quick_xml::name::ResolveResult;
 use quick_xml::{NsReader, Reader};
 use url::Url;
@@ -239,7 +239,10 @@ struct SourceState<R: BufRead> {
     buf_event: Vec<u8>,
     next: XmlResult<Option<XmlEvent>>,
     // An event stashed while coalescing text (e.g. the start tag terminating a run of text and entity references)
-    pending_text: Option<XmlEvent>,
+    pending_text: std::collections::VecDeque<XmlEvent>,
+    // The elements open at this point (qualified name, whether it has child elements), to
+    // match end tags to when the document is not well-formed
+    open: Vec<(String, bool)>,
     current_depth: u32,
     base_uris: Vec<(u32, Url)>,
     default_namespace: NS,
@@ -262,7 +265,8 @@ impl<R: BufRead> SourceState<R> {
             reader,
             buf_event,
             next: Ok(None),
-            pending_text: None,
+            pending_text: std::collections::VecDeque::new(),
+            open: Vec::new(),
             current_depth: 0,
             base_uris,
             default_namespace: NS::Unknown,
@@ -275,7 +279,7 @@ impl<R: BufRead> SourceState<R> {
     // Returns the next event
     fn fetch_next(&mut self) -> XmlResult<Option<XmlEvent>> {
         // Emit an event stashed while coalescing text
-        if let Some(event) = self.pending_text.take() {
+        if let Some(event) = self.pending_text.pop_front() {
             return Ok(Some(event));
         }
 
@@ -310,9 +314,13 @@ impl<R: BufRead> SourceState<R> {
                     };
 
                     let start = XmlEvent::start(namespace, e, reader);
+                    if let Some(parent) = self.open.last_mut() {
+                        parent.1 = true;
+                    }
+                    self.open.push((decoder.decode(e.name().as_ref()).unwrap_or_default().into_owned(), false));
                     return match text.take() {
                         Some(text) => {
-                            self.pending_text = Some(start);
+                            self.pending_text.push_back(start);
                             Ok(Some(XmlEvent::Text(text)))
                         }
                         None => Ok(Some(start)),
@@ -321,13 +329,31 @@ impl<R: BufRead> SourceState<R> {
 
                 // End of an element
                 Event::End(ref e) => {
-                    let end = XmlEvent::end(e, reader);
+                    let name = decoder.decode(e.name().as_ref()).unwrap_or_default().into_owned();
+                    let closes = close_count(&self.open, &name);
+                    if closes == 0 {
+                        // A stray end tag: nothing it could close is open
+                        continue;
+                    }
+                    // Innermost first, each under its own (local) name
+                    let mut events: Vec<XmlEvent> = self
+                        .open
+                        .drain(self.open.len() - closes..)
+                        .rev()
+                        .map(|(qname, _)| XmlEvent::End {
+                            name: qname.rsplit(':').next().unwrap_or_default().to_string(),
+                        })
+                        .collect();
                     return match text.take() {
                         Some(text) => {
-                            self.pending_text = Some(end);
+                            self.pending_text.extend(events);
                             Ok(Some(XmlEvent::Text(text)))
                         }
-                        None => Ok(Some(end)),
+                        None => {
+                            let first = events.remove(0);
+                            self.pending_text.extend(events);
+                            Ok(Some(first))
+                        }
                     };
                 }
 
@@ -389,6 +415,20 @@ impl<R: BufRead> SourceState<R> {
     // Callers should call next() to consume the event to move on
     fn peek(&mut self) -> &XmlResult<Option<XmlEvent>> {
         &self.next
+    }
+}
+
+// How many open elements an end tag closes. Its own element and any left open inside it, in
+// a well-formed document just the innermost. Where it names no open element: a misspelt end
+// tag of a text-only element (`<language>en</langauge>`) closes that element; any other
+// (a stray end tag after its element was closed) closes nothing.
+fn close_count(open: &[(String, bool)], name: &str) -> usize {
+    match open.iter().rposition(|(open_name, _)| open_name == name) {
+        Some(position) => open.len() - position,
+        None => match open.last() {
+            Some((_, false)) => 1,
+            _ => 0,
+        },
     }
 }
 
@@ -593,14 +633,6 @@ enum XmlEvent {
 }
 
 impl XmlEvent {
-    // Creates a new event corresponding to an XML end-tag
-    fn end<R: BufRead>(event: &BytesEnd, reader: &Reader<R>) -> XmlEvent {
-        // Parse the name
-        let name = XmlEvent::parse_name(event.name().as_ref(), reader);
-
-        XmlEvent::End { name }
-    }
-
     // Extracts the element name, dropping the namespace prefix if present
     fn parse_name<R: BufRead>(bytes: &[u8], reader: &Reader<R>) -> String {
         reader

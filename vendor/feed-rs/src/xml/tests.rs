@@ -257,3 +257,23 @@ fn test_iso8859_decode() -> TestResult {
 
     Ok(())
 }
+
+// End tags that do not match: a misspelt one closes the text-only element it was meant
+// for, a stray one closes nothing, and one naming an outer element closes what is inside it
+#[test]
+fn test_mismatched_end_tags() -> TestResult {
+    let xml = "<a><b>text</bb></c><d><e>x</d><f/></a>";
+    let source = ElementSource::new(xml.as_bytes(), None)?;
+    let root = source.root()?.unwrap();
+    let mut names = Vec::new();
+    for child in root.children() {
+        let child = child?;
+        names.push(child.name.clone());
+        if child.name == "d" {
+            let inner: Vec<String> = child.children().map(|c| c.map(|c| c.name.clone())).collect::<XmlResult<_>>()?;
+            assert_eq!(inner, ["e"]);
+        }
+    }
+    assert_eq!(names, ["b", "d", "f"]);
+    Ok(())
+}

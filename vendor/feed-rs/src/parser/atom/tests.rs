@@ -607,3 +607,93 @@ fn test_atom_content_xml_base() {
     let actual = parser::parse(test_data.as_bytes()).unwrap();
     assert!(actual.entries[0].base.as_ref().unwrap().eq("https://numi.st/post/2022/travel-uke/"));
 }
+
+// The titles and summaries of the parsed entries, in document order
+fn entry_texts(feed: &Feed) -> Vec<(String, String)> {
+    let text = |t: &Option<Text>| t.as_ref().map(|t| t.content.clone()).unwrap_or_default();
+    feed.entries.iter().map(|e| (text(&e.title), text(&e.summary))).collect()
+}
+
+// Atom 0.3 (http://purl.org/atom/ns#) reads like Atom 1.0, with its own names for dates,
+// author URLs and the way text is encoded ("mode")
+#[test]
+fn test_atom_03() {
+    let xml = r#"<feed version="0.3" xmlns="http://purl.org/atom/ns#">
+      <title>Old feed</title><tagline>Tag line</tagline><modified>2004-01-02T00:00:00Z</modified>
+      <entry>
+        <title mode="base64">RW50cnkgVGl0bGU=</title>
+        <id>tag:example.org,2004:1</id>
+        <link rel="alternate" type="text/html" href="http://example.org/1"/>
+        <issued>2004-01-01T00:00:00Z</issued><modified>2004-01-02T00:00:00Z</modified>
+        <author><name>Mark</name><url>http://example.org/mark</url></author>
+        <summary mode="escaped" type="text/html">&lt;b&gt;bold&lt;/b&gt;</summary>
+        <content mode="xml" type="application/xhtml+xml"><div xmlns="http://www.w3.org/1999/xhtml">&lt;not a tag&gt;</div></content>
+      </entry>
+    </feed>"#;
+    let feed = parser::parse(xml.as_bytes()).unwrap();
+    assert_eq!(feed.title.unwrap().content, "Old feed");
+    assert_eq!(feed.description.unwrap().content, "Tag line");
+    assert!(feed.updated.is_some());
+    let entry = &feed.entries[0];
+    assert_eq!(entry.title.as_ref().unwrap().content, "Entry Title");
+    assert_eq!(entry.id, "tag:example.org,2004:1");
+    assert_eq!(entry.links[0].href, "http://example.org/1");
+    assert_eq!(entry.published.unwrap().to_rfc3339(), "2004-01-01T00:00:00+00:00");
+    assert_eq!(entry.updated.unwrap().to_rfc3339(), "2004-01-02T00:00:00+00:00");
+    assert_eq!(entry.authors[0].uri.as_deref(), Some("http://example.org/mark"));
+    assert_eq!(entry.summary.as_ref().unwrap().content, "<b>bold</b>");
+    let body = entry.content.as_ref().unwrap().body.as_deref().unwrap();
+    assert!(body.contains("&lt;not a tag&gt;"), "{body}");
+}
+
+// A text construct of an unknown, empty or binary type never fails the feed: binary types
+// are base64 (decoded where that gives text), anything else is read as text
+#[test]
+fn test_text_types_never_fail_the_feed() {
+    let xml = r#"<feed xmlns="http://www.w3.org/2005/Atom">
+      <entry><title type="application/octet-stream">PHA+RW50cnkgVGl0bGU8L3A+</title></entry>
+      <entry><title type="application/x-custom">test</title></entry>
+      <entry><title type="">empty type</title></entry>
+      <entry><title type="text/plain">plain</title></entry>
+      <entry><title type="not a media type">odd</title></entry>
+      <entry><title type="application/xhtml+xml"><div xmlns="http://www.w3.org/1999/xhtml"><p>inline</p></div></title></entry>
+      <entry><title>t</title><summary type="image/png">not base64!</summary></entry>
+    </feed>"#;
+    let feed = parser::parse(xml.as_bytes()).unwrap();
+    let titles: Vec<String> = entry_texts(&feed).into_iter().map(|(t, _)| t).collect();
+    assert_eq!(titles[0], "<p>Entry Title</p>");
+    assert_eq!(titles[1], "test");
+    assert_eq!(titles[2], "empty type");
+    assert_eq!(titles[3], "plain");
+    assert_eq!(titles[4], "odd");
+    assert!(titles[5].contains("<p>inline</p>"), "{}", titles[5]);
+    assert_eq!(entry_texts(&feed)[6].1, "not base64!");
+}
+
+// Escaped markup in an xhtml text construct is text: it must not come back as markup
+#[test]
+fn test_xhtml_keeps_escaped_markup_escaped() {
+    let xml = r#"<feed xmlns="http://www.w3.org/2005/Atom"><entry>
+      <title type="xhtml"><div xmlns="http://www.w3.org/1999/xhtml">&lt;p&gt;Entry Title&lt;/p&gt; &amp; more</div></title>
+    </entry></feed>"#;
+    let feed = parser::parse(xml.as_bytes()).unwrap();
+    let title = &entry_texts(&feed)[0].0;
+    assert!(title.contains("&lt;p&gt;Entry Title&lt;/p&gt; &amp; more"), "{title}");
+}
+
+// Content of an XML type, content that is empty, and content whose src has an unparseable
+// type are read, not errors that lose the feed
+#[test]
+fn test_content_shapes_never_fail_the_feed() {
+    let xml = r#"<feed xmlns="http://www.w3.org/2005/Atom">
+      <entry><title>a</title><content type="application/atom+xml"><x>inline xml</x></content></entry>
+      <entry><title>b</title><content type="image/png"></content></entry>
+      <entry><title>c</title><content type="what ever" src="http://example.org/c"/></entry>
+    </feed>"#;
+    let feed = parser::parse(xml.as_bytes()).unwrap();
+    assert_eq!(feed.entries.len(), 3);
+    let first = feed.entries[0].content.as_ref().unwrap();
+    assert_eq!(first.content_type.to_string(), "text/xml");
+    assert!(feed.entries[1].content.is_none());
+    assert_eq!(feed.entries[2].content.as_ref().unwrap().src.as_ref().unwrap().href, "http://example.org/c");
+}

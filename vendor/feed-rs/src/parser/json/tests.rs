@@ -130,3 +130,20 @@ fn test_elastic_v1_1() {
     let entry = entries.next().unwrap();
     assert_eq!(entry.authors, vec!(Person::new("Fake Author 3"), Person::new("Fake Author 4")));
 }
+
+// Versions written as bare numbers, a missing title, a numeric id and an attachment with no
+// type are all read
+#[test]
+fn test_lenient_json_feed() {
+    for version in ["1", "1.0", "1.1", "https://jsonfeed.org/version/1.1"] {
+        let json = format!(
+            r#"{{"version": "{version}", "items": [{{"id": 42, "title": "t", "url": "https://example.org/42",
+                "attachments": [{{"url": "https://example.org/a.mp3"}}]}}]}}"#
+        );
+        let feed = parser::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{version}: {e}"));
+        assert!(feed.title.is_none());
+        assert_eq!(feed.entries[0].id, "42");
+        assert_eq!(feed.entries[0].title.as_ref().unwrap().content, "t");
+    }
+    assert!(parser::parse(r#"{"version": "2.0", "items": []}"#.as_bytes()).is_err());
+}

@@ -174,3 +174,32 @@ fn test_bio_rxiv() {
         assert!(!entry.title.unwrap().content.is_empty())
     }
 }
+
+// An item with no <link> is kept, linked by its rdf:about; a Dublin Core title stands in
+// for a missing RSS one
+#[test]
+fn test_item_without_link() {
+    let xml = r#"<rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#" xmlns="http://purl.org/rss/1.0/" xmlns:dc="http://purl.org/dc/elements/1.1/">
+      <channel rdf:about="http://example.org/index.rdf"><title>c</title></channel>
+      <item rdf:about="http://example.org/entry/1"><title>Item Title</title></item>
+      <item rdf:about="urn:x:2"><dc:title>DC Title</dc:title></item>
+    </rdf:RDF>"#;
+    let feed = parser::parse(xml.as_bytes()).unwrap();
+    assert_eq!(feed.entries.len(), 2);
+    assert_eq!(feed.entries[0].title.as_ref().unwrap().content, "Item Title");
+    assert_eq!(feed.entries[0].links[0].href, "http://example.org/entry/1");
+    assert_eq!(feed.entries[1].title.as_ref().unwrap().content, "DC Title");
+    assert!(feed.entries[1].links.is_empty(), "a URN is not a link");
+}
+
+// RSS 0.90 is RDF in Netscape's namespace
+#[test]
+fn test_rss_090() {
+    let xml = r#"<rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#" xmlns="http://my.netscape.com/rdf/simple/0.9/">
+      <channel><title>Mozilla Dot Org</title><link>http://www.mozilla.org</link></channel>
+      <item><title>New Status Updates</title><link>http://www.mozilla.org/status/</link></item>
+    </rdf:RDF>"#;
+    let feed = parser::parse(xml.as_bytes()).unwrap();
+    assert_eq!(feed.title.unwrap().content, "Mozilla Dot Org");
+    assert_eq!(feed.entries[0].title.as_ref().unwrap().content, "New Status Updates");
+}

@@ -810,3 +810,43 @@ fn test_media_content_player() {
     let content_url = entry.media[0].content[0].url.as_ref().unwrap();
     assert_eq!("https://player.vimeo.com/video/1013595996?h=b1b80eff69", content_url.as_str());
 }
+
+// Every version an <rss> root claims (or none) is read; one with no channel is empty
+#[test]
+fn test_versions_and_empty_feeds() {
+    for version in ["", " version=\"2.0\"", " version=\"2.01\"", " version=\"2.1\"", " version=\"0.91\"", " version=\"0.93\"", " version=\"0.94\""] {
+        let xml = format!("<rss{version}><channel><title>t</title><item><title>i</title></item></channel></rss>");
+        let feed = parser::parse(xml.as_bytes()).unwrap_or_else(|e| panic!("{version}: {e}"));
+        assert_eq!(feed.entries.len(), 1, "{version}");
+        assert_eq!(feed.entries[0].title.as_ref().unwrap().content, "i");
+    }
+    let feed = parser::parse("<?xml version=\"1.0\"?><rss version=\"2.0\">\n</rss>".as_bytes()).unwrap();
+    assert!(feed.entries.is_empty());
+}
+
+// RSS 2.0 in the Userland namespace, with a Dublin Core title
+#[test]
+fn test_userland_namespace_and_dc_title() {
+    let xml = r#"<rss version="2.0" xmlns="http://backend.userland.com/rss2" xmlns:dc="http://purl.org/dc/elements/1.1/">
+      <channel><title>Scripting News</title>
+        <item><title>one</title></item>
+        <item><dc:title>two</dc:title><link>http://example.org/2</link></item>
+      </channel></rss>"#;
+    let feed = parser::parse(xml.as_bytes()).unwrap();
+    assert_eq!(feed.title.unwrap().content, "Scripting News");
+    let titles: Vec<&str> = feed.entries.iter().map(|e| e.title.as_ref().unwrap().content.as_str()).collect();
+    assert_eq!(titles, ["one", "two"]);
+}
+
+// Documents that are not well-formed XML are read as far as they make sense: a misspelt
+// end tag, a stray end tag, a bare ampersand, a document cut off inside a tag
+#[test]
+fn test_ill_formed_documents() {
+    let xml = "<rss version=\"2.0\"><channel><title>Fish & chips</title><language>en</langauge></lastBuildDate>\
+               <item><title>one</title></item><item><title>two</title></item></chan";
+    let feed = parser::parse(xml.as_bytes()).unwrap();
+    assert_eq!(feed.title.unwrap().content, "Fish & chips");
+    assert_eq!(feed.language.as_deref(), Some("en"));
+    let titles: Vec<&str> = feed.entries.iter().map(|e| e.title.as_ref().unwrap().content.as_str()).collect();
+    assert_eq!(titles, ["one", "two"]);
+}
