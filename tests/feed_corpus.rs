@@ -112,8 +112,12 @@ fn steward_reads_what_gofeed_reads() {
             };
             feeds += 1;
             let want = expected_entries(&reading);
-            let got =
-                steward::agent::feed::parse(&source(kind), &std::fs::read(&feed).unwrap(), 10_000);
+            let got = steward::agent::feed::parse(
+                &source(kind),
+                &std::fs::read(&feed).unwrap(),
+                None,
+                10_000,
+            );
             let verdict = match got {
                 Err(e) => Err(format!("not read: {e}")),
                 Ok(items) if items.len() != want.len() => {
