@@ -46,3 +46,8 @@ fn queue_item_corpus() {
 fn webhook_body_corpus() {
     replay("webhook_body", checks::webhook_body);
 }
+
+#[test]
+fn feed_corpus() {
+    replay("feed", checks::feed);
+}

@@ -113,3 +113,25 @@ pub fn webhook_body(data: &[u8]) {
     }
     let _ = decode_body(body);
 }
+
+/// A feed document from arbitrary bytes, read as steward reads a fetched feed: an error or
+/// items, never a panic; the same bytes give the same ids, every id is non-empty, and no
+/// title or summary carries a control character or a line break.
+pub fn feed(data: &[u8]) {
+    let source: steward::config::agent::Source = toml::from_str(
+        "name = \"fuzz\"\nkind = \"rss\"\nurl = \"http://127.0.0.1/feed.xml\"\ntopic_tags = []\n",
+    )
+    .expect("the fuzz source parses");
+    let Ok(items) = steward::agent::feed::parse(&source, data, None, 1_000) else {
+        return;
+    };
+    let again = steward::agent::feed::parse(&source, data, None, 1_000).expect("parsed once");
+    let ids: Vec<&String> = items.iter().map(|i| &i.id).collect();
+    assert_eq!(ids, again.iter().map(|i| &i.id).collect::<Vec<_>>());
+    for item in &items {
+        assert!(!item.id.is_empty());
+        for text in [&item.title, &item.summary] {
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+        }
+    }
+}

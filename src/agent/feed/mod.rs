@@ -316,6 +316,29 @@ mod tests {
     }
 
     #[test]
+    fn relative_links_resolve_against_xml_base_and_else_the_feed_url() {
+        let atom = r#"<feed xmlns="http://www.w3.org/2005/Atom" xml:base="https://x.org/blog/"><title>b</title>
+<entry><id>urn:1</id><title>a</title><link href="post.html"/></entry>
+<entry xml:base="/other/"><id>urn:2</id><title>b</title><link href="deep.html"/></entry></feed>"#;
+        let items = parse(&source(), atom.as_bytes(), None, 10).unwrap();
+        assert_eq!(
+            items[0].link.as_deref(),
+            Some("https://x.org/blog/post.html")
+        );
+        assert_eq!(
+            items[1].link.as_deref(),
+            Some("https://x.org/other/deep.html")
+        );
+        let rss = r#"<rss version="2.0"><channel><title>r</title>
+<item><guid>1</guid><title>r</title><link>/notes/1.html</link></item></channel></rss>"#;
+        let items = parse(&source(), rss.as_bytes(), None, 10).unwrap();
+        assert_eq!(
+            items[0].link.as_deref(),
+            Some("http://127.0.0.1/notes/1.html")
+        );
+    }
+
+    #[test]
     fn relative_links_resolve_against_the_site() {
         assert_eq!(
             absolute("/a/b", Some("https://x.org/feed.xml")),
