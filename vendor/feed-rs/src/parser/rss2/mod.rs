@@ -6,9 +6,9 @@ use crate::model::{Category, Content, Entry, Feed, FeedType, Generator, Image, L
 use crate::parser::itunes::{handle_itunes_channel_element, handle_itunes_item_element};
 use crate::parser::mediarss::handle_media_element;
 use crate::parser::util::{if_ok_then_some, if_some_then};
+use crate::parser::ParseFeedResult;
 use crate::parser::{atom, Parser};
 use crate::parser::{mediarss, util};
-use crate::parser::ParseFeedResult;
 use crate::xml::{Element, NS};
 
 #[cfg(test)]

@@ -814,7 +814,15 @@ fn test_media_content_player() {
 // Every version an <rss> root claims (or none) is read; one with no channel is empty
 #[test]
 fn test_versions_and_empty_feeds() {
-    for version in ["", " version=\"2.0\"", " version=\"2.01\"", " version=\"2.1\"", " version=\"0.91\"", " version=\"0.93\"", " version=\"0.94\""] {
+    for version in [
+        "",
+        " version=\"2.0\"",
+        " version=\"2.01\"",
+        " version=\"2.1\"",
+        " version=\"0.91\"",
+        " version=\"0.93\"",
+        " version=\"0.94\"",
+    ] {
         let xml = format!("<rss{version}><channel><title>t</title><item><title>i</title></item></channel></rss>");
         let feed = parser::parse(xml.as_bytes()).unwrap_or_else(|e| panic!("{version}: {e}"));
         assert_eq!(feed.entries.len(), 1, "{version}");
