@@ -22,6 +22,7 @@ struct Sizes {
     seen: usize,
     candidates: usize,
     growth: (usize, usize),
+    feed_items: usize,
 }
 
 fn sizes(mode: &str) -> Sizes {
@@ -37,6 +38,7 @@ fn sizes(mode: &str) -> Sizes {
             seen: 1_000_000,
             candidates: 100_000,
             growth: (1_000, 100_000),
+            feed_items: 2_000,
         },
         "smoke" => Sizes {
             runs: 20,
@@ -49,6 +51,7 @@ fn sizes(mode: &str) -> Sizes {
             seen: 10_000,
             candidates: 1_000,
             growth: (50, 200),
+            feed_items: 50,
         },
         _ => Sizes {
             runs: 200,
@@ -61,6 +64,7 @@ fn sizes(mode: &str) -> Sizes {
             seen: 1_000_000,
             candidates: 100_000,
             growth: (1_000, 10_000),
+            feed_items: 2_000,
         },
     }
 }
@@ -641,6 +645,44 @@ fn child_seen(dir: &Path, seen: usize, candidates: usize) {
     println!("{secs} {}", proc_status(std::process::id(), "VmHWM:"));
 }
 
+/// Reading one large RSS feed whose items carry HTML (entities, inline markup, a script)
+/// as a digest agent reads it — decode, parse, markup to text, ids — against feed-rs's
+/// parse of the same bytes alone: the median of 5 of each, in alternating rounds.
+fn feed_reading(items: usize) -> (f64, f64, usize) {
+    let mut xml = String::from(
+        "<?xml version=\"1.0\" encoding=\"utf-8\"?><rss version=\"2.0\"><channel><title>bench</title><link>https://bench.example/</link>",
+    );
+    for i in 0..items {
+        xml.push_str(&format!(
+            "<item><title>Item {i}: caf&amp;eacute; &amp;amp; cr&amp;egrave;me</title><link>https://bench.example/p/{i}</link>\
+             <pubDate>Wed, 02 Dec 2026 10:00:00 GMT</pubDate><description><![CDATA[<p>Paragraph <b>one</b> of item {i}, with &eacute;t&eacute; and a <a href=\"https://x.example/{i}\">link</a>.</p>\
+             <script>alert(1)</script><p>{}</p>]]></description></item>",
+            "Some longer text that makes the summary realistic. ".repeat(12)
+        ));
+    }
+    xml.push_str("</channel></rss>");
+    let source: steward::config::agent::Source = toml::from_str(
+        "name = \"bench\"\nkind = \"rss\"\nurl = \"https://bench.example/feed.xml\"\ntopic_tags = []\n",
+    )
+    .unwrap();
+    let (mut ours, mut bare) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let t = Instant::now();
+        let read = steward::agent::feed::parse(&source, xml.as_bytes(), None, items).unwrap();
+        ours.push(t.elapsed().as_secs_f64());
+        assert_eq!(read.len(), items);
+        let t = Instant::now();
+        let feed = feed_rs::parser::parse(xml.as_bytes()).unwrap();
+        bare.push(t.elapsed().as_secs_f64());
+        assert_eq!(feed.entries.len(), items);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(ours), median(bare), xml.len())
+}
+
 /// State size (bytes) under a folder.
 fn du(path: &Path) -> u64 {
     let mut total = 0;
@@ -747,7 +789,7 @@ fn main() {
         "quick"
     };
     let s = sizes(mode);
-    // `--only seen` (or throughput, latency, breach, scale, drain, growth) runs one figure.
+    // `--only seen` (or throughput, latency, breach, scale, drain, reading, growth) runs one figure.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -893,6 +935,22 @@ fn main() {
             format!("{:.0} MiB peak", hwm / 1024.0),
             "-".into(),
             json!({ "secs": secs, "peak_mib": hwm / 1024.0 }),
+        );
+    }
+
+    if want("reading") {
+        r.mark();
+        let (ours, bare, bytes) = feed_reading(s.feed_items);
+        r.row(
+            &format!(
+                "read a {:.1} MiB feed of {} items (ms)",
+                bytes as f64 / 1048576.0,
+                s.feed_items
+            ),
+            format!("{:.1}", ours * 1e3),
+            format!("feed-rs alone {:.1}", bare * 1e3),
+            format!("{:.2}", ours / bare),
+            json!({ "steward_s": ours, "feed_rs_s": bare, "bytes": bytes }),
         );
     }
 

@@ -87,6 +87,12 @@ pub fn clean(raw: &str, cap: usize, flags: &mut Vec<String>) -> String {
 pub fn html_to_text(raw: &str) -> String {
     // A CDATA fence that reached here is the publisher's double wrapping, not markup.
     let raw = raw.replace("<![CDATA[", "").replace("]]>", "");
+    // Text with neither a tag nor an entity reads the same parsed or not (most titles).
+    if !raw.contains(['<', '&']) {
+        let mut out = raw;
+        out.retain(|c| !c.is_control() || c.is_whitespace());
+        return out;
+    }
     let fragment = Html::parse_fragment(&raw);
     let mut out = String::with_capacity(raw.len());
     collect_text(fragment.tree.root(), &mut out);
