@@ -51,6 +51,7 @@ pub mod process;
 pub mod redact;
 pub mod runlog;
 pub mod runner;
+pub mod sandbox;
 pub mod scaffold;
 pub mod secret;
 pub mod service;

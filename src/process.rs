@@ -204,6 +204,8 @@ pub struct Launch<'a> {
     pub env: &'a [(String, String)],
     pub cwd: &'a Path,
     pub control: RawFd,
+    /// A Landlock ruleset the child restricts itself with just before exec (-1: none).
+    pub sandbox: RawFd,
 }
 
 /// Starts a step in the cgroup `cgroup` (an open cgroup v2 folder), in a process group of
@@ -337,6 +339,7 @@ fn clone_and_exec(
                 .as_ref()
                 .map_or(launch.control, |d| d.as_raw_fd()),
         ],
+        sandbox: launch.sandbox,
         errno: 0,
     };
     let mut stack = vec![0u8; CHILD_STACK];
@@ -416,6 +419,8 @@ struct ChildPlan {
     cwd: *const libc::c_char,
     /// Become the child's fds 0, 1, 2 and 3; each is above 3.
     fds: [RawFd; 4],
+    /// The Landlock ruleset to restrict the child with (-1: none).
+    sandbox: RawFd,
     errno: libc::c_int,
 }
 
@@ -476,7 +481,7 @@ unsafe fn clone3_vfork(_args: &CloneArgs, _plan: *mut libc::c_void) -> isize {
 }
 
 /// In the child: wire up fds 0–3, a process group of its own, default signal handling,
-/// the working folder, then exec. Only system calls: this runs in the parent's memory.
+/// the working folder, its sandbox, then exec. Only system calls: this runs in the parent's memory.
 unsafe extern "C" fn child_main(plan: *mut libc::c_void) -> ! {
     let plan = &mut *(plan as *mut ChildPlan);
     let fail = |plan: &mut ChildPlan| -> ! {
@@ -512,6 +517,11 @@ unsafe extern "C" fn child_main(plan: *mut libc::c_void) -> ! {
     libc::sigemptyset(&mut none);
     libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     if libc::chdir(plan.cwd) == -1 {
+        fail(plan);
+    }
+    // Last, so everything above is done unconfined; the exec is already confined.
+    if let Err(errno) = crate::sandbox::restrict_self(plan.sandbox) {
+        *libc::__errno_location() = errno;
         fail(plan);
     }
     libc::execve(plan.program, plan.argv, plan.envp);

@@ -218,6 +218,10 @@ fn validate(config: &Path) -> Result<i32> {
             for (id, spec) in calendar::schedules(&cfg) {
                 text.push_str(&format!("  {}\n", calendar::next_line(id, spec)));
             }
+            // What each workflow's maker and checker may touch, one line each.
+            for wf in cfg.workflows.values().filter(|w| w.agent.is_none()) {
+                text.push_str(&format!("  {}: {}\n", wf.id, wf.sandbox.summary(&cfg.root)));
+            }
             print_out(&text);
             Ok(0)
         }

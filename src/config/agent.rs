@@ -418,5 +418,15 @@ fn workflow_for(
         file: agent.file.clone(),
         config_hash,
         agent: Some(agent.name.clone()),
+        // Its steps are steward's own code (fetching feeds, writing the vault), not a
+        // maker to distrust.
+        sandbox_own: super::sandbox::SandboxSettings {
+            enabled: Some(false),
+            ..Default::default()
+        },
+        sandbox: super::sandbox::Sandbox {
+            enabled: false,
+            ..Default::default()
+        },
     }
 }

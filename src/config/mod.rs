@@ -8,6 +8,7 @@ pub mod agency;
 pub mod agent;
 pub mod file;
 pub mod parse;
+pub mod sandbox;
 pub mod settings;
 pub mod workflow;
 
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 pub use file::{line_col, list_or_none, parse_toml, read_toml, toml_files, valid_id, ConfigError};
 pub use parse::{load_file, parse_workflow};
+pub use sandbox::{Sandbox, SandboxSettings};
 pub use settings::{RetentionSettings, Settings, Smtp, SmtpSecurity};
 pub use workflow::{
     Backoff, EnvValue, FileTrigger, Overlap, Retry, ScheduleTrigger, StepCommand, Trigger,
@@ -267,6 +269,11 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
             continue;
         }
         config.workflows.insert(wf.id.clone(), wf);
+    }
+    // Each workflow's sandbox over the default of steward.toml.
+    let default = config.settings.sandbox.clone().unwrap_or_default();
+    for wf in config.workflows.values_mut() {
+        wf.sandbox = Sandbox::layered(&default, &wf.sandbox_own, root);
     }
     config.agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
     config.sources = sources;

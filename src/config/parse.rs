@@ -100,6 +100,8 @@ struct RawWorkflow {
     retry: Option<Retry>,
     #[serde(default)]
     env: BTreeMap<String, EnvValue>,
+    #[serde(default)]
+    sandbox: Option<super::sandbox::SandboxSettings>,
 }
 
 /// Loads and validates one workflow file. `root` is the config folder that relative
@@ -218,6 +220,7 @@ impl Validator<'_> {
                     Some(Trigger::File(_)) => Some("{{ trigger.sha256 }}".to_string()),
                     _ => None,
                 });
+        let sandbox_own = raw.sandbox.unwrap_or_default();
         Some(Workflow {
             id,
             description: raw.description.unwrap_or_default(),
@@ -235,6 +238,8 @@ impl Validator<'_> {
             file: self.file.to_path_buf(),
             config_hash,
             agent: None,
+            sandbox: super::sandbox::Sandbox::layered(&Default::default(), &sandbox_own, root),
+            sandbox_own,
         })
     }
 

@@ -26,6 +26,9 @@ pub struct Settings {
     /// How many finished run records the store keeps.
     #[serde(default)]
     pub retention: Option<RetentionSettings>,
+    /// Every workflow's default `[sandbox]` (see [`super::sandbox`]).
+    #[serde(default)]
+    pub sandbox: Option<super::sandbox::SandboxSettings>,
 }
 
 /// `[retention]` in steward.toml: run records beyond either limit are pruned, oldest

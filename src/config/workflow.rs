@@ -216,6 +216,11 @@ pub struct Workflow {
     pub config_hash: String,
     /// Set when this workflow is a digest agent's run (see [`crate::agent`]).
     pub agent: Option<String>,
+    /// The file's own `[sandbox]` table, as written.
+    #[serde(skip)]
+    pub sandbox_own: super::sandbox::SandboxSettings,
+    /// What its maker and checker may touch: `sandbox_own` over steward.toml's default.
+    pub sandbox: super::sandbox::Sandbox,
 }
 
 impl Workflow {

@@ -127,6 +127,13 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         }
     }
 
+    let sandbox = crate::sandbox::Support::current();
+    if sandbox.missing(&crate::sandbox::Net::None).is_empty() {
+        tracing::info!("{}", sandbox.describe());
+    } else {
+        tracing::warn!("{}", sandbox.describe());
+    }
+
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
     loop {
         tokio::select! {

@@ -85,11 +85,35 @@ pub(super) fn step_vars(
         ),
         (
             "STEWARD_STATE_DIR".to_string(),
-            state_dir.to_string_lossy().into_owned(),
+            std::path::absolute(state_dir)
+                .unwrap_or_else(|_| state_dir.to_path_buf())
+                .to_string_lossy()
+                .into_owned(),
         ),
     ]);
     vars.extend(wf.caps.env());
+    // Every step of the run shares one scratch folder (the only one a sandboxed step may
+    // write), and its temporary files go there too.
+    let scratch = scratch_dir(state_dir, &rec.run_id);
+    vars.retain(|(k, _)| k != "TMPDIR");
+    vars.push((
+        "TMPDIR".to_string(),
+        scratch.join("tmp").to_string_lossy().into_owned(),
+    ));
+    vars.push((
+        "STEWARD_SCRATCH".to_string(),
+        scratch.to_string_lossy().into_owned(),
+    ));
     vars
+}
+
+/// A run's scratch folder: `STATE/scratch/RUN_ID`, removed when the run ends.
+pub(super) fn scratch_dir(state_dir: &Path, run_id: &str) -> std::path::PathBuf {
+    // Absolute: steps start in their own working folder, and a sandbox rule needs a path.
+    std::path::absolute(state_dir)
+        .unwrap_or_else(|_| state_dir.to_path_buf())
+        .join("scratch")
+        .join(run_id)
 }
 
 pub(super) fn scrub(out: &mut StepOutcome, r: &Redactor) {

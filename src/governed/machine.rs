@@ -96,6 +96,7 @@ fn new_record(wf: &Workflow, fire: &Fire, dry_run: bool, state: RunState) -> Run
         retry_of: fire.retry_of.clone(),
         summary: None,
         dry_run_reason: None,
+        sandbox: None,
     }
 }
 
@@ -488,6 +489,10 @@ impl Engine {
     ) -> Result<RunRecord> {
         let state = end.state();
         rec.state = state;
+        // A run waiting for an approval keeps its scratch folder for the commit to come.
+        if state != RunState::ApprovalRequired {
+            let _ = std::fs::remove_dir_all(super::env::scratch_dir(&self.state_dir, &rec.run_id));
+        }
         rec.reason = env.redactor.redact(&end.reason()).into_owned();
         rec.ended_at = Some(Utc::now());
         if let Some(breach) = end.breach() {

@@ -2,12 +2,13 @@
 //! the step supervisor, its secrets masked, every control line, sub-step and note
 //! written to the runlog, and one line for how it ended.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::env::{scrub, StepEnv};
+use super::env::{scratch_dir, scrub, StepEnv};
 use super::outcome::verdict_of;
 use super::{Engine, Result};
 use crate::budget::BudgetGuard;
@@ -31,6 +32,32 @@ impl Engine {
         env: &StepEnv,
         cancel: &CancellationToken,
     ) -> Result<StepOutcome> {
+        let scratch = scratch_dir(&self.state_dir, &rec.run_id);
+        // The folder (and its tmp/) exists before any step of the run starts.
+        std::fs::create_dir_all(scratch.join("tmp"))?;
+        let confinement = if kind != StepKind::Commit && wf.sandbox.enabled {
+            let policy = wf.sandbox.policy(&scratch, argv.first().map(Path::new));
+            match crate::sandbox::confine(&policy, wf.sandbox.require) {
+                Ok(c) => {
+                    rec.sandbox = Some(sandbox_line(&c.state, &wf.sandbox.net));
+                    Some(c)
+                }
+                Err(e) => {
+                    rec.sandbox = Some(e.to_string());
+                    let mut out = StepOutcome::new(Ending::SpawnFailed(e.to_string()));
+                    out.duration = Duration::ZERO;
+                    let mut entry = self.entry(rec, kind.name(), "error");
+                    entry.detail = e.to_string();
+                    self.runlog.record(&entry, &env.redactor)?;
+                    return Ok(out);
+                }
+            }
+        } else {
+            if !wf.sandbox.enabled {
+                rec.sandbox = Some("off".into());
+            }
+            None
+        };
         let req = StepRequest {
             kind,
             argv,
@@ -45,6 +72,7 @@ impl Engine {
                 wf.caps.stall_timeout
             },
             cancel: cancel.clone(),
+            sandbox: confinement.as_ref(),
         };
         let figures_before = guard.is_some();
         let mut guard = guard;
@@ -114,4 +142,17 @@ impl Engine {
         self.runlog.record(&e, &env.redactor)?;
         Ok(out)
     }
+}
+
+/// The run record's line for a confined step: its state and its network.
+fn sandbox_line(state: &str, net: &crate::sandbox::Net) -> String {
+    let net = match net {
+        crate::sandbox::Net::None => "no network".to_string(),
+        crate::sandbox::Net::Any => "network open (net = \"any\")".to_string(),
+        crate::sandbox::Net::Ports(p) => format!(
+            "TCP to port {} only",
+            p.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")
+        ),
+    };
+    format!("{state}; {net}")
 }

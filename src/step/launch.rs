@@ -2,7 +2,7 @@
 //! control pipe, straight into its cgroup where cgroups are used (see
 //! [`crate::process`]), else with posix_spawn and a move into the cgroup right after.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -15,6 +15,7 @@ pub(super) fn spawn(
     argv: &[String],
     cwd: &Path,
     env: &[(String, String)],
+    sandbox: RawFd,
 ) -> std::io::Result<(StepProcess, OwnedFd, Option<StepCgroup>)> {
     let Some((program, args)) = argv.split_first() else {
         return Err(std::io::Error::new(
@@ -43,6 +44,7 @@ pub(super) fn spawn(
                     env,
                     cwd,
                     control: ctl_write_fd,
+                    sandbox,
                 };
                 match crate::process::spawn_into_cgroup(&launch, &dir) {
                     Some(Ok(child)) => {
@@ -75,7 +77,8 @@ pub(super) fn spawn(
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let child = match RESERVED_FD3.get() {
+    // A sandbox is applied between fork and exec, which posix_spawn cannot do.
+    let child = match RESERVED_FD3.get().filter(|_| sandbox < 0) {
         // The fast path: std spawns with posix_spawn, which a pre_exec hook would turn
         // into a fork of this whole process (half the throughput). The control pipe is put
         // on our reserved fd 3 for the moment of the spawn, under a lock, so exactly this
@@ -95,8 +98,8 @@ pub(super) fn spawn(
             spawned
         }
         None => {
-            // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe,
-            // and touches no memory shared with the parent.
+            // SAFETY: the closure only calls dup2, fcntl, prctl and landlock_restrict_self,
+            // which are async-signal-safe, and touches no memory shared with the parent.
             unsafe {
                 cmd.pre_exec(move || {
                     if ctl_write_fd == 3 {
@@ -106,7 +109,8 @@ pub(super) fn spawn(
                     } else if libc::dup2(ctl_write_fd, 3) == -1 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    Ok(())
+                    crate::sandbox::restrict_self(sandbox)
+                        .map_err(std::io::Error::from_raw_os_error)
                 });
             }
             cmd.spawn()

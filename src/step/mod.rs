@@ -100,6 +100,8 @@ pub struct StepRequest<'a> {
     pub stall_timeout: Option<Duration>,
     /// Cancelled when the daemon stops or a newer fire replaces this run (`cancel_other`).
     pub cancel: CancellationToken,
+    /// The kernel confinement the step starts under (none for a commit or a trusted step).
+    pub sandbox: Option<&'a crate::sandbox::Confinement>,
 }
 
 /// Why the supervisor stopped watching.
@@ -137,7 +139,7 @@ pub struct StepOutcome {
 }
 
 impl StepOutcome {
-    fn new(ending: Ending) -> Self {
+    pub fn new(ending: Ending) -> Self {
         StepOutcome {
             ending,
             exit: None,
@@ -206,7 +208,12 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     if req.cancel.is_cancelled() {
         return StepOutcome::new(Ending::Cancelled);
     }
-    let (mut child, ctl_read, cgroup) = match launch::spawn(req.argv, req.cwd, req.env) {
+    let (mut child, ctl_read, cgroup) = match launch::spawn(
+        req.argv,
+        req.cwd,
+        req.env,
+        req.sandbox.map_or(-1, |s| s.raw_fd()),
+    ) {
         Ok(pair) => pair,
         Err(e) => {
             let mut out = StepOutcome::new(Ending::SpawnFailed(format!(
@@ -387,6 +394,7 @@ mod tests {
                 kill_grace: Duration::from_secs(1),
                 stall_timeout: None,
                 cancel: CancellationToken::new(),
+                sandbox: None,
             },
             None,
         )

@@ -157,6 +157,10 @@ pub struct RunRecord {
     /// Why the run was dry (none for a live run): the runner's decision, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run_reason: Option<String>,
+    /// How its maker and checker were confined: `full; no network`, `partial (no TCP
+    /// rules); …`, `off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
 }
 
 /// Where an idempotency key stands.

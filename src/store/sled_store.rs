@@ -488,6 +488,7 @@ mod tests {
             retry_of: None,
             summary: None,
             dry_run_reason: None,
+            sandbox: None,
         }
     }
 

@@ -1,0 +1,241 @@
+//! The kernel's confinement of a step steward does not trust — a maker or a checker —
+//! so that "commit is the only side effect" holds whatever the step does. Landlock (the
+//! `landlock` crate, kept by Landlock's maintainers) limits what it may read and write,
+//! which TCP ports it may connect to or bind, and scopes signals and abstract Unix sockets
+//! to its own process tree.
+//!
+//! The ruleset is built here, in the daemon, as a file descriptor ([`Confinement`]): adding
+//! rules restricts nobody. Only the step's child, between its clone and its exec, calls
+//! `landlock_restrict_self` on it (see [`crate::process`]), so the daemon itself is never
+//! restricted, and a step's own children inherit its confinement.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use landlock::{
+    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, Scope, ABI,
+};
+
+/// What a step may reach over the network.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Net {
+    /// No TCP connection or listening socket at all.
+    None,
+    /// TCP connections to these ports only.
+    Ports(Vec<u16>),
+    /// Anything: the network is not confined.
+    Any,
+}
+
+/// What one step may do: read (and run) beneath `read`, read and write beneath `write`,
+/// and reach `net`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub read: Vec<PathBuf>,
+    pub write: Vec<PathBuf>,
+    pub net: Net,
+}
+
+/// What every step needs to read to run at all: the system's programs, libraries and
+/// configuration. Not `/proc` (another process's environment is there), not `/home`, not
+/// `/root`, not `/tmp`, not steward's state or config.
+pub const SYSTEM_READ: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+
+/// Devices every step may read and write.
+pub const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
+/// What the running kernel's Landlock can enforce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Support {
+    /// Landlock's ABI version (0: none).
+    pub abi: i32,
+}
+
+impl Support {
+    /// This kernel's support, asked once.
+    pub fn current() -> Support {
+        static ABI_VERSION: OnceLock<i32> = OnceLock::new();
+        let abi = *ABI_VERSION.get_or_init(|| {
+            // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+            // only reports the ABI version; it creates nothing.
+            let v = unsafe {
+                libc::syscall(
+                    libc::SYS_landlock_create_ruleset,
+                    std::ptr::null::<libc::c_void>(),
+                    0usize,
+                    1u32,
+                )
+            };
+            v.max(0) as i32
+        });
+        Support { abi }
+    }
+
+    pub fn filesystem(&self) -> bool {
+        self.abi >= 1
+    }
+
+    pub fn tcp(&self) -> bool {
+        self.abi >= 4
+    }
+
+    pub fn scoping(&self) -> bool {
+        self.abi >= 6
+    }
+
+    /// The features a policy needs that this kernel lacks, in words.
+    pub fn missing(&self, net: &Net) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        if !self.filesystem() {
+            return vec!["no Landlock"];
+        }
+        if !self.tcp() && *net != Net::Any {
+            missing.push("no TCP rules");
+        }
+        if !self.scoping() {
+            missing.push("no signal and socket scoping");
+        }
+        missing
+    }
+
+    /// One line for start-up: `sandbox: Landlock ABI 7 (filesystem, TCP ports, scoping)`.
+    pub fn describe(&self) -> String {
+        if !self.filesystem() {
+            return "sandbox: unavailable (this kernel has no Landlock; steps run unconfined unless [sandbox] require = true refuses them)".into();
+        }
+        let mut has = vec!["filesystem"];
+        if self.tcp() {
+            has.push("TCP ports");
+        }
+        if self.scoping() {
+            has.push("signal and socket scoping");
+        }
+        let missing = self.missing(&Net::None);
+        let state = if missing.is_empty() {
+            String::new()
+        } else {
+            format!(", partial: {}", missing.join(", "))
+        };
+        format!(
+            "sandbox: Landlock ABI {} ({}{state})",
+            self.abi,
+            has.join(", ")
+        )
+    }
+}
+
+/// A built ruleset, ready for a child to restrict itself with, and what it enforces.
+#[derive(Debug)]
+pub struct Confinement {
+    fd: Option<OwnedFd>,
+    /// `full` or `partial (no TCP rules)`: for the run record and the runlog.
+    pub state: String,
+}
+
+impl Confinement {
+    /// The ruleset's descriptor (close-on-exec), or -1 when there is nothing to apply.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+}
+
+/// Why a step cannot be confined as asked.
+#[derive(Debug, thiserror::Error)]
+#[error("sandbox: {0}")]
+pub struct SandboxError(String);
+
+/// Builds the ruleset for `policy`. With `require`, a kernel that cannot enforce all of it
+/// is an error; otherwise what it can is enforced and the state says what is missing.
+pub fn confine(policy: &Policy, require: bool) -> Result<Confinement, SandboxError> {
+    let support = Support::current();
+    let missing = support.missing(&policy.net);
+    if require && !missing.is_empty() {
+        return Err(SandboxError(format!(
+            "required, but this kernel has {}",
+            missing.join(", ")
+        )));
+    }
+    if !support.filesystem() {
+        return Ok(Confinement {
+            fd: None,
+            state: "off (no Landlock on this kernel)".into(),
+        });
+    }
+    let abi = ABI::from(support.abi);
+    let err = |e: landlock::RulesetError| SandboxError(e.to_string());
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(err)?;
+    if policy.net != Net::Any {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(err)?;
+    }
+    let mut created = ruleset
+        .scope(Scope::from_all(abi))
+        .map_err(err)?
+        .create()
+        .map_err(err)?;
+    let read = SYSTEM_READ
+        .iter()
+        .map(PathBuf::from)
+        .chain(policy.read.iter().cloned());
+    created = created
+        .add_rules(path_beneath_rules(read, AccessFs::from_read(abi)))
+        .map_err(err)?
+        .add_rules(path_beneath_rules(
+            DEVICES
+                .iter()
+                .map(Path::new)
+                .chain(policy.write.iter().map(PathBuf::as_path)),
+            AccessFs::from_all(abi),
+        ))
+        .map_err(err)?;
+    if let Net::Ports(ports) = &policy.net {
+        for port in ports {
+            created = created
+                .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+                .map_err(err)?;
+        }
+    }
+    let state = if missing.is_empty() {
+        "full".to_string()
+    } else {
+        format!("partial ({})", missing.join(", "))
+    };
+    Ok(Confinement {
+        fd: created.into(),
+        state,
+    })
+}
+
+/// In a step's child, just before exec: no new privileges (Landlock requires it, and a
+/// setuid program must not lift the confinement), then the ruleset. Only system calls:
+/// this runs between clone and exec.
+///
+/// # Safety
+/// Call only in a freshly cloned child; `fd` is a Landlock ruleset descriptor.
+pub unsafe fn restrict_self(fd: RawFd) -> Result<(), i32> {
+    if fd < 0 {
+        return Ok(());
+    }
+    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == -1 {
+        return Err(*libc::__errno_location());
+    }
+    if libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) == -1 {
+        return Err(*libc::__errno_location());
+    }
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! Makers confined by the kernel (Landlock), tried as a hostile maker would inside a dry
+//! run under a real daemon: write the state folder, the config folder, `$HOME` and another
+//! run's scratch folder; read a secret in the state folder; connect to a loopback server on
+//! a port not allowed; signal the daemon and a process outside the run. Every attempt
+//! fails inside the maker and leaves the daemon and the files untouched. The same maker
+//! with the sandbox widened succeeds at each, so the denials are the sandbox's, not a
+//! broken setup.
+//!
+//! Needs Landlock with TCP rules and scoping (ABI 6+); on a kernel without it the test
+//! says so and checks only that the run record says what is missing.
+
+mod util;
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use util::{Env, Spec};
+
+/// Each attempt prints `NAME=ok` or `NAME=denied` on stderr.
+const HOSTILE: &str = r#"cat >/dev/null
+try() { name=$1; shift; if "$@" 2>/dev/null; then echo "$name=ok" >&2; else echo "$name=denied" >&2; fi; }
+try write-state sh -c 'echo owned > "$STEWARD_STATE_DIR/owned"'
+try write-config sh -c 'echo owned > "$STEWARD_CONFIG_DIR/owned"'
+try write-home sh -c 'echo owned > "$HOME/owned"'
+try write-other-run sh -c 'echo owned > "$OTHER_SCRATCH/owned"'
+try read-secret sh -c 'cat "$STEWARD_STATE_DIR/secret.txt" > "$STEWARD_SCRATCH/stolen"'
+try connect bash -c 'echo hello > /dev/tcp/127.0.0.1/$PORT'
+try signal-other kill -TERM "$DECOY"
+try signal-daemon kill -0 "$PPID"
+try write-scratch sh -c 'echo mine > "$STEWARD_SCRATCH/mine" && echo tmp > "$TMPDIR/t"'
+echo '{"done": true}'
+"#;
+
+struct Setup {
+    env: Env,
+    home: std::path::PathBuf,
+    other: std::path::PathBuf,
+    port: u16,
+    accepted: Arc<AtomicUsize>,
+    decoy: std::process::Child,
+}
+
+fn setup(sandbox: &str) -> Setup {
+    let env = Env::new();
+    let home = env.path("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let other = env.state.join("scratch/20261203T000000000-other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(env.state.join("secret.txt"), "hunter2").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            count.fetch_add(1, Ordering::SeqCst);
+            let _ = stream.read(&mut [0u8; 64]);
+        }
+    });
+    let decoy = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    let tables = sandbox
+        .replace("@STATE", &env.state.to_string_lossy())
+        .replace("@CONFIG", &env.config.to_string_lossy())
+        .replace("@HOME", &home.to_string_lossy())
+        .replace("@OTHER", &other.to_string_lossy())
+        .replace("@PORT", &port.to_string());
+    let spec = Spec::new("hostile", HOSTILE)
+        .dry()
+        .env(&format!(
+            "OTHER_SCRATCH = \"{}\"\nPORT = \"{port}\"\nDECOY = \"{}\"\n",
+            other.display(),
+            decoy.id()
+        ))
+        .tables(&tables);
+    env.workflow(&spec);
+    Setup {
+        env,
+        home,
+        other,
+        port,
+        accepted,
+        decoy,
+    }
+}
+
+/// Runs the hostile maker through a daemon; returns its attempts and the run record.
+fn attempt(
+    s: &mut Setup,
+) -> (
+    std::collections::BTreeMap<String, String>,
+    serde_json::Value,
+) {
+    let home = s.home.to_string_lossy().to_string();
+    let daemon = s.env.daemon_env(&[], &[("HOME", &home)]);
+    let run = s.env.steward(&["run", "hostile", "--json"]);
+    assert_eq!(run.code, 0, "{run}");
+    let rec = run.json();
+    assert_eq!(rec["dry_run"], true, "{run}");
+    let stderr = rec["stderr"]["run"].as_str().unwrap_or("").to_string();
+    let attempts = stderr
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    // The daemon is untouched: alive and answering.
+    assert!(!util::process_gone(daemon.pid()), "the daemon died");
+    assert_eq!(s.env.steward(&["status"]).code, 0);
+    let _ = s.port;
+    (attempts, rec)
+}
+
+fn full_landlock() -> bool {
+    steward::sandbox::Support::current().abi >= 6
+}
+
+#[test]
+fn a_confined_maker_is_denied_every_escape_and_the_daemon_is_untouched() {
+    let mut s = setup("[sandbox]\nenabled = true\n");
+    let (attempts, rec) = attempt(&mut s);
+    if !full_landlock() {
+        eprintln!("this kernel lacks Landlock ABI 6: checking only that the record says so");
+        assert!(
+            rec["sandbox"].as_str().unwrap_or("").contains("partial")
+                || rec["sandbox"].as_str().unwrap_or("").contains("off")
+        );
+        return;
+    }
+    assert_eq!(rec["sandbox"], "full; no network", "{rec}");
+    for name in [
+        "write-state",
+        "write-config",
+        "write-home",
+        "write-other-run",
+        "read-secret",
+        "connect",
+        "signal-other",
+        "signal-daemon",
+    ] {
+        assert_eq!(
+            attempts.get(name).map(String::as_str),
+            Some("denied"),
+            "{name}: {attempts:?}"
+        );
+    }
+    assert_eq!(
+        attempts.get("write-scratch").map(String::as_str),
+        Some("ok"),
+        "{attempts:?}"
+    );
+    for file in [
+        s.env.state.join("owned"),
+        s.env.config.join("owned"),
+        s.home.join("owned"),
+        s.other.join("owned"),
+    ] {
+        assert!(!file.exists(), "{} was written", file.display());
+    }
+    assert_eq!(
+        s.accepted.load(Ordering::SeqCst),
+        0,
+        "the server was reached"
+    );
+    assert!(
+        s.decoy.try_wait().unwrap().is_none(),
+        "the decoy was signalled"
+    );
+    assert!(
+        !s.env
+            .state
+            .join("scratch")
+            .join(rec["run_id"].as_str().unwrap())
+            .exists(),
+        "scratch folder left behind"
+    );
+    let _ = s.decoy.kill();
+}
+
+#[test]
+fn the_same_maker_widened_succeeds_at_each() {
+    let mut s = setup(
+        "[sandbox]\nenabled = true\nread = [\"@STATE\"]\nwrite = [\"@STATE\", \"@CONFIG\", \"@HOME\", \"@OTHER\"]\nnet = [\"tcp:@PORT\"]\n",
+    );
+    let (attempts, rec) = attempt(&mut s);
+    if !full_landlock() {
+        eprintln!("this kernel lacks Landlock ABI 6: nothing to widen");
+        return;
+    }
+    assert_eq!(
+        rec["sandbox"],
+        format!("full; TCP to port {} only", s.port),
+        "{rec}"
+    );
+    for name in [
+        "write-state",
+        "write-config",
+        "write-home",
+        "write-other-run",
+        "read-secret",
+        "connect",
+        "write-scratch",
+    ] {
+        assert_eq!(
+            attempts.get(name).map(String::as_str),
+            Some("ok"),
+            "{name}: {attempts:?}"
+        );
+    }
+    // Signals stay scoped to the run's own processes, however wide the rest is.
+    assert_eq!(
+        attempts.get("signal-other").map(String::as_str),
+        Some("denied")
+    );
+    util::wait_for(
+        "the connection to be counted",
+        std::time::Duration::from_secs(5),
+        || s.accepted.load(Ordering::SeqCst) == 1,
+    );
+    let _ = s.decoy.kill();
+}
+
+#[test]
+fn with_the_sandbox_off_a_maker_can_signal_outside_its_run() {
+    let mut s = setup("[sandbox]\nenabled = false\n");
+    let (attempts, rec) = attempt(&mut s);
+    assert_eq!(rec["sandbox"], "off", "{rec}");
+    assert_eq!(
+        attempts.get("signal-other").map(String::as_str),
+        Some("ok"),
+        "{attempts:?}"
+    );
+    util::wait_for(
+        "the decoy to die",
+        std::time::Duration::from_secs(5),
+        || s.decoy.try_wait().unwrap().is_some(),
+    );
+}
