@@ -192,7 +192,12 @@ struct Governed {
 
 impl Governed {
     fn new(dir: &Path) -> Governed {
-        let cfg = config(dir, &[("bench".into(), true_workflow())]);
+        Governed::with(dir, true_workflow())
+    }
+
+    /// The same on a workflow file of its own.
+    fn with(dir: &Path, workflow: String) -> Governed {
+        let cfg = config(dir, &[("bench".into(), workflow)]);
         let config = steward::config::load_dir(&cfg).unwrap();
         let (engine, _) = steward::governed::open(&dir.join("state")).unwrap();
         let wf = config.workflows["bench"].clone();
@@ -251,6 +256,28 @@ fn throughput(dir: &Path, n: usize, parallel: usize) -> (f64, f64, f64, f64) {
         v[v.len() / 2]
     };
     (median(st), median(bare), median(bash), flushes)
+}
+
+/// Sequential governed runs with the maker and checker confined (the default) and with
+/// `[sandbox] enabled = false`, in five alternating rounds; medians of runs/s.
+fn sandbox_cost(dir: &Path, n: usize) -> (f64, f64) {
+    const ROUNDS: usize = 5;
+    let on = Governed::with(&dir.join("on"), true_workflow());
+    let off = Governed::with(
+        &dir.join("off"),
+        format!("{}[sandbox]\nenabled = false\n", true_workflow()),
+    );
+    let batch = (n / ROUNDS).max(1);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        a.push(on.runs(batch, 1).0);
+        b.push(off.runs(batch, 1).0);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(a), median(b))
 }
 
 /// The bare limit: the same 3×N processes, spawned with no bookkeeping at all.
@@ -789,7 +816,8 @@ fn main() {
         "quick"
     };
     let s = sizes(mode);
-    // `--only seen` (or throughput, latency, breach, scale, drain, reading, growth) runs one figure.
+    // `--only seen` (or throughput, sandbox, latency, breach, scale, drain, reading,
+    // growth) runs one figure.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -845,6 +873,18 @@ fn main() {
                 json!({ "flushes_per_run": flushes, "fsyncs_per_s": fs }),
             );
         }
+    }
+
+    if want("sandbox") {
+        r.mark();
+        let (on, off) = sandbox_cost(&dir("sandbox"), s.runs);
+        r.row(
+            "sequential throughput, sandbox on vs off (runs/s)",
+            format!("{on:.0}"),
+            format!("off {off:.0}"),
+            format!("{:.2}", on / off),
+            json!({ "sandbox_on": on, "sandbox_off": off }),
+        );
     }
 
     let (file, queue, cron) = if want("latency") {

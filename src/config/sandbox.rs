@@ -20,7 +20,8 @@ use crate::sandbox::{Net, Policy};
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxSettings {
-    /// On: the maker and checker run confined (off by default until issue 15 lands).
+    /// On (the default): the maker and checker run confined. Off only where a step
+    /// really needs the whole machine; the run record then says `off`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -98,9 +99,7 @@ pub struct Sandbox {
 impl Default for Sandbox {
     fn default() -> Self {
         Sandbox {
-            // Off until every shipped and tested maker runs confined (issue 15 under way):
-            // `[sandbox] enabled = true` in steward.toml or a workflow turns it on.
-            enabled: false,
+            enabled: true,
             read: Vec::new(),
             write: Vec::new(),
             net: Net::None,
@@ -116,7 +115,7 @@ impl Sandbox {
         let paths =
             |list: &[String]| -> Vec<PathBuf> { list.iter().map(|p| root.join(p)).collect() };
         Sandbox {
-            enabled: own.enabled.or(default.enabled).unwrap_or(false),
+            enabled: own.enabled.or(default.enabled).unwrap_or(true),
             read: [paths(&default.read), paths(&own.read)].concat(),
             write: [paths(&default.write), paths(&own.write)].concat(),
             net: own

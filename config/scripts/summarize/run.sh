@@ -4,6 +4,8 @@
 # With --forever it never stops spending: the budget guard has to stop it.
 set -eu
 cat >/dev/null   # the run context; this demo does not need it
+docs=${STEWARD_CONFIG_DIR:-.}/data/summarize   # readable: [sandbox] read in the workflow
+words=$(cat "$docs"/*.txt | wc -w)
 i=0
 while :; do
   i=$((i + 1))
@@ -14,4 +16,4 @@ while :; do
   sleep 0.1
 done
 echo "charge tool_calls 1" >&3
-printf '{"summaries": %s, "words": %s}\n' "$i" $((i * 120))
+printf '{"summaries": %s, "words": %s}\n' "$i" "$words"
