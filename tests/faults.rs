@@ -42,12 +42,24 @@ impl Tmpfs {
     }
 
     fn remount(&self, opts: &str) {
-        let st = Command::new("mount")
-            .args(["-o", &format!("remount,{opts}")])
-            .arg(&self.0)
-            .status()
-            .unwrap();
-        assert!(st.success(), "remount {opts}");
+        // A run's scratch folder is removed when the run ends, but the Landlock domain of
+        // its (exited) maker holds the folder's inode until the kernel frees the domain,
+        // asynchronously; until then a read-only remount is refused as busy. Wait for it.
+        let mut ok = false;
+        util::wait_for(
+            &format!("remount {opts} to be accepted"),
+            Duration::from_secs(10),
+            || {
+                ok = Command::new("mount")
+                    .args(["-o", &format!("remount,{opts}")])
+                    .arg(&self.0)
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                ok
+            },
+        );
+        assert!(ok, "remount {opts}");
     }
 }
 
