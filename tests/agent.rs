@@ -662,7 +662,8 @@ fn an_agent_run_by_the_daemon_is_not_broken_by_an_unrelated_bad_file() {
 
 /// A feed server on loopback that answers conditional GETs: ETag `"v1"` and a
 /// Last-Modified, 304 when either comes back, and `/old.xml` moved permanently to the
-/// feed. It records each request's head.
+/// feed. It records each request's head, and closes each connection after its answer
+/// (saying so, so the client never sends a second request on a closed connection).
 fn conditional_feed_server() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
     use std::io::{BufRead, BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -685,14 +686,14 @@ fn conditional_feed_server() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String
             let lower = head.to_ascii_lowercase();
             let mut out = stream;
             let answer = if head.starts_with("GET /old.xml") {
-                "HTTP/1.1 301 Moved Permanently\r\nLocation: /feed.xml\r\nContent-Length: 0\r\n\r\n"
+                "HTTP/1.1 301 Moved Permanently\r\nLocation: /feed.xml\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
                     .to_string()
             } else if lower.contains("if-none-match: \"v1\"")
                 || lower.contains("if-modified-since:")
             {
-                "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nContent-Length: 0\r\n\r\n".to_string()
+                "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
             } else {
-                format!("HTTP/1.1 200 OK\r\nContent-Type: application/rss+xml\r\nETag: \"v1\"\r\nLast-Modified: Wed, 02 Dec 2026 10:00:00 GMT\r\nContent-Length: {}\r\n\r\n", feed.len())
+                format!("HTTP/1.1 200 OK\r\nContent-Type: application/rss+xml\r\nETag: \"v1\"\r\nLast-Modified: Wed, 02 Dec 2026 10:00:00 GMT\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", feed.len())
             };
             let _ = out.write_all(answer.as_bytes());
             if answer.starts_with("HTTP/1.1 200") {
