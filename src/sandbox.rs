@@ -77,7 +77,16 @@ impl Support {
                     1u32,
                 )
             };
-            v.max(0) as i32
+            let kernel = v.max(0) as i32;
+            // STEWARD_SANDBOX_ABI=N makes steward act as on a kernel with Landlock ABI N at
+            // most (0: none), to see and test what an older kernel gives.
+            match std::env::var("STEWARD_SANDBOX_ABI")
+                .ok()
+                .and_then(|n| n.parse::<i32>().ok())
+            {
+                Some(cap) => kernel.min(cap.max(0)),
+                None => kernel,
+            }
         });
         Support { abi }
     }
@@ -178,16 +187,16 @@ pub fn confine(policy: &Policy, require: bool) -> Result<Confinement, SandboxErr
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(abi))
         .map_err(err)?;
-    if policy.net != Net::Any {
+    // A kernel without a feature has no rights for it: asking for none is an error.
+    if policy.net != Net::Any && support.tcp() {
         ruleset = ruleset
             .handle_access(AccessNet::from_all(abi))
             .map_err(err)?;
     }
-    let mut created = ruleset
-        .scope(Scope::from_all(abi))
-        .map_err(err)?
-        .create()
-        .map_err(err)?;
+    if support.scoping() {
+        ruleset = ruleset.scope(Scope::from_all(abi)).map_err(err)?;
+    }
+    let mut created = ruleset.create().map_err(err)?;
     let read = SYSTEM_READ
         .iter()
         .map(PathBuf::from)
@@ -203,7 +212,7 @@ pub fn confine(policy: &Policy, require: bool) -> Result<Confinement, SandboxErr
             AccessFs::from_all(abi),
         ))
         .map_err(err)?;
-    if let Net::Ports(ports) = &policy.net {
+    if let (Net::Ports(ports), true) = (&policy.net, support.tcp()) {
         for port in ports {
             created = created
                 .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))

@@ -239,3 +239,61 @@ fn with_the_sandbox_off_a_maker_can_signal_outside_its_run() {
         || s.decoy.try_wait().unwrap().is_some(),
     );
 }
+
+/// On a kernel without TCP rules (ABI 3, as `STEWARD_SANDBOX_ABI=3` makes steward act) the
+/// run says its sandbox is partial, and `require = true` refuses to run the maker at all.
+#[test]
+fn a_kernel_without_tcp_rules_gives_a_partial_sandbox_and_require_refuses() {
+    let env = Env::new();
+    env.workflow(
+        &Spec::new("partial", "cat >/dev/null\necho '{}'\n")
+            .dry()
+            .tables("[sandbox]\nenabled = true\n"),
+    );
+    env.workflow(
+        &Spec::new(
+            "strict",
+            "cat >/dev/null\necho ran > \"$STEWARD_SCRATCH/ran\"\necho '{}'\n",
+        )
+        .dry()
+        .tables("[sandbox]\nenabled = true\nrequire = true\n"),
+    );
+    let old = [("STEWARD_SANDBOX_ABI", "3")];
+    let run = env.steward_env(&["run", "partial", "--json"], &old);
+    assert_eq!(run.code, 0, "{run}");
+    assert_eq!(
+        run.json()["sandbox"],
+        "partial (no TCP rules, no signal and socket scoping); network not confined (this kernel has no TCP rules)",
+        "{run}"
+    );
+    let run = env.steward_env(&["run", "strict", "--json"], &old);
+    let rec = run.json();
+    assert_eq!(rec["state"], "failed", "{run}");
+    assert!(
+        rec["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("sandbox: required, but this kernel has no TCP rules"),
+        "{run}"
+    );
+    // The maker never started: its step ended in the refusal.
+    let steps = env.runlog_for(rec["run_id"].as_str().unwrap());
+    assert!(
+        steps
+            .iter()
+            .any(|e| e["step"] == "run" && e["status"] == "error"),
+        "{run}"
+    );
+    assert!(
+        !steps
+            .iter()
+            .any(|e| e["step"] == "run" && e["status"] == "ok"),
+        "{run}"
+    );
+    let daemon = env.daemon_env(&[], &old);
+    let log = std::fs::read_to_string(&daemon.log).unwrap();
+    assert!(
+        log.contains("sandbox: Landlock ABI 3 (filesystem, partial: no TCP rules"),
+        "{log}"
+    );
+}

@@ -147,6 +147,9 @@ impl Engine {
 /// The run record's line for a confined step: its state and its network.
 fn sandbox_line(state: &str, net: &crate::sandbox::Net) -> String {
     let net = match net {
+        _ if state.contains("no TCP rules") => {
+            "network not confined (this kernel has no TCP rules)".to_string()
+        }
         crate::sandbox::Net::None => "no network".to_string(),
         crate::sandbox::Net::Any => "network open (net = \"any\")".to_string(),
         crate::sandbox::Net::Ports(p) => format!(
