@@ -54,6 +54,8 @@ pub enum Cap {
     ToolCalls,
     Runtime,
     CostUsd,
+    /// `memory_max`, held by the step's memory cgroup (the kernel killed a process).
+    Memory,
 }
 
 impl Cap {
@@ -63,6 +65,7 @@ impl Cap {
             Cap::ToolCalls => "tool_calls",
             Cap::Runtime => "runtime_s",
             Cap::CostUsd => "cost_usd",
+            Cap::Memory => "memory",
         }
     }
 }

@@ -46,6 +46,7 @@ pub mod daemon;
 pub mod drain;
 pub mod governed;
 pub mod helper;
+pub mod limits;
 pub mod live;
 pub mod process;
 pub mod redact;

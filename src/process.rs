@@ -206,6 +206,8 @@ pub struct Launch<'a> {
     pub control: RawFd,
     /// A Landlock ruleset the child restricts itself with just before exec (-1: none).
     pub sandbox: RawFd,
+    /// `cgroup.procs` files the child joins (writes `0` into) before exec: its caps.
+    pub join: &'a [RawFd],
 }
 
 /// Starts a step in the cgroup `cgroup` (an open cgroup v2 folder), in a process group of
@@ -340,6 +342,7 @@ fn clone_and_exec(
                 .map_or(launch.control, |d| d.as_raw_fd()),
         ],
         sandbox: launch.sandbox,
+        join: join_fds(launch.join),
         errno: 0,
     };
     let mut stack = vec![0u8; CHILD_STACK];
@@ -407,6 +410,31 @@ fn clone_and_exec(
     })
 }
 
+/// Most cgroups a child joins for its caps (memory, pids, cpu).
+const MAX_JOIN: usize = 3;
+
+fn join_fds(fds: &[RawFd]) -> [RawFd; MAX_JOIN] {
+    let mut out = [-1; MAX_JOIN];
+    for (slot, fd) in out.iter_mut().zip(fds) {
+        *slot = *fd;
+    }
+    out
+}
+
+/// In a child before exec: joins each cgroup by writing `0` (this process) to its
+/// `cgroup.procs`. Only system calls.
+///
+/// # Safety
+/// Each descriptor is -1 or an open `cgroup.procs`.
+pub unsafe fn join_cgroups(fds: &[RawFd]) -> Result<(), i32> {
+    for &fd in fds.iter().filter(|fd| **fd >= 0) {
+        if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+            return Err(*libc::__errno_location());
+        }
+    }
+    Ok(())
+}
+
 /// The child's stack: it only wires descriptors, resets signals and execs.
 const CHILD_STACK: usize = 64 << 10;
 
@@ -421,6 +449,8 @@ struct ChildPlan {
     fds: [RawFd; 4],
     /// The Landlock ruleset to restrict the child with (-1: none).
     sandbox: RawFd,
+    /// `cgroup.procs` descriptors to join (-1: unused).
+    join: [RawFd; MAX_JOIN],
     errno: libc::c_int,
 }
 
@@ -517,6 +547,9 @@ unsafe extern "C" fn child_main(plan: *mut libc::c_void) -> ! {
     libc::sigemptyset(&mut none);
     libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     if libc::chdir(plan.cwd) == -1 {
+        fail(plan);
+    }
+    if join_cgroups(&plan.join).is_err() {
         fail(plan);
     }
     // Last, so everything above is done unconfined; the exec is already confined.

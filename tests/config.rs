@@ -204,3 +204,42 @@ fn the_shipped_example_config_validates() {
     let out = env.steward(&["--config", cfg, "validate"]);
     assert_eq!(out.code, 0, "{out}");
 }
+
+/// `[budget]` caps held by cgroups: sizes with units, and a clear error for a bad one.
+#[test]
+fn budget_resource_caps_parse_and_bad_ones_name_the_field() {
+    let root = std::path::Path::new("/cfg");
+    let file = root.join("workflows/w.toml");
+    let head = "id = \"w\"\n[trigger]\nmanual = true\n[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n[budget]\nmax_tokens = 1\nmax_tool_calls = 1\nmax_runtime_s = 1\nmax_cost_usd = 0\n";
+    let parse = |extra: &str| {
+        steward::config::parse_workflow(root, &file, format!("{head}{extra}").into_bytes())
+    };
+    let wf = parse("memory_max = \"512M\"\npids_max = 64\ncpu_weight = 50\n").unwrap();
+    assert_eq!(wf.limits.memory_max, Some(512 << 20));
+    assert_eq!(wf.limits.pids_max, Some(64));
+    assert_eq!(wf.limits.cpu_weight, Some(50));
+    assert_eq!(
+        parse("memory_max = 2147483648\n")
+            .unwrap()
+            .limits
+            .memory_max,
+        Some(2 << 30)
+    );
+    for (bad, field) in [
+        ("memory_max = \"12Q\"\n", "budget.memory_max"),
+        ("memory_max = \"10K\"\n", "budget.memory_max"),
+        ("pids_max = 0\n", "budget.pids_max"),
+        ("cpu_weight = 20000\n", "budget.cpu_weight"),
+    ] {
+        let errors = parse(bad).unwrap_err();
+        let text = errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains(field) && text.contains("w.toml:13"),
+            "{bad}: {text}"
+        );
+    }
+}

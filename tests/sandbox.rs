@@ -297,3 +297,71 @@ fn a_kernel_without_tcp_rules_gives_a_partial_sandbox_and_require_refuses() {
         "{log}"
     );
 }
+
+/// A maker that forks 40 sleepers and allocates 200 MiB: with `pids_max = 20` its forks
+/// past the cap fail inside it, and with `memory_max = "64M"` the kernel kills the
+/// allocation and the run ends exhausted (memory). Without the caps the same maker does
+/// both. Where this machine offers no memory or pids controller, the run says so.
+#[test]
+fn pids_max_and_memory_max_hold_and_a_breach_ends_exhausted_memory() {
+    const HOG: &str = r#"import os, sys, time
+kids = []
+for i in range(40):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    kids.append(pid)
+print(f"forks={len(kids)}", file=sys.stderr)
+for k in kids:
+    os.kill(k, 9)
+    os.waitpid(k, 0)
+b = bytearray(200 * 1024 * 1024)
+print(len(b), file=sys.stderr)
+print("{}")
+"#;
+    let hog = "cat >/dev/null\nexec /usr/bin/python3 \"$(dirname \"$0\")/hog.py\"\n";
+    let env = Env::new();
+    std::fs::write(env.config.join("scripts/hog.py"), HOG).unwrap();
+    let budget = format!(
+        "{}memory_max = \"64M\"\npids_max = 20\ncpu_weight = 50\n",
+        util::BUDGET
+    );
+    env.workflow(&Spec::new("capped", hog).dry().budget(&budget));
+    env.workflow(&Spec::new("free", hog).dry());
+    let run = env.steward(&["run", "capped", "--json"]);
+    let rec = run.json();
+    if rec["reason"]
+        .as_str()
+        .unwrap_or("")
+        .contains("cannot hold the [budget] caps")
+    {
+        eprintln!("no memory or pids controller here: {}", rec["reason"]);
+        return;
+    }
+    assert_eq!(rec["state"], "exhausted", "{run}");
+    assert_eq!(rec["breach"], "memory 64MiB/64MiB", "{run}");
+    let stderr = rec["stderr"]["run"].as_str().unwrap_or("");
+    let forks: usize = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("forks="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no fork count in {stderr:?}"));
+    assert!(forks < 20, "forks past pids_max succeeded: {forks}");
+    assert!(
+        !stderr.contains("209715200"),
+        "the allocation succeeded: {stderr}"
+    );
+
+    let run = env.steward(&["run", "free", "--json"]);
+    let rec = run.json();
+    assert_eq!(rec["state"], "success", "{run}");
+    let stderr = rec["stderr"]["run"].as_str().unwrap_or("");
+    assert!(
+        stderr.contains("forks=40") && stderr.contains("209715200"),
+        "{stderr}"
+    );
+}

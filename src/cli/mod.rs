@@ -220,7 +220,15 @@ fn validate(config: &Path) -> Result<i32> {
             }
             // What each workflow's maker and checker may touch, one line each.
             for wf in cfg.workflows.values().filter(|w| w.agent.is_none()) {
-                text.push_str(&format!("  {}: {}\n", wf.id, wf.sandbox.summary(&cfg.root)));
+                let caps = match wf.limits.describe() {
+                    c if c.is_empty() => c,
+                    c => format!("; caps {c}"),
+                };
+                text.push_str(&format!(
+                    "  {}: {}{caps}\n",
+                    wf.id,
+                    wf.sandbox.summary(&cfg.root)
+                ));
             }
             print_out(&text);
             Ok(0)

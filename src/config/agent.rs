@@ -418,6 +418,7 @@ fn workflow_for(
         file: agent.file.clone(),
         config_hash,
         agent: Some(agent.name.clone()),
+        limits: Default::default(),
         // Its steps are steward's own code (fetching feeds, writing the vault), not a
         // maker to distrust.
         sandbox_own: super::sandbox::SandboxSettings {

@@ -61,6 +61,13 @@ struct RawBudget {
     stall_timeout_s: Option<Spanned<f64>>,
     #[serde(default)]
     kill_grace_s: Option<Spanned<f64>>,
+    /// Memory the maker's (or checker's) processes may use together: bytes, or "512M".
+    #[serde(default)]
+    memory_max: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    pids_max: Option<Spanned<i64>>,
+    #[serde(default)]
+    cpu_weight: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -170,6 +177,11 @@ impl Validator<'_> {
             }
         }
         let trigger = self.trigger(raw.trigger);
+        let limits = raw
+            .budget
+            .as_ref()
+            .map(|b| self.limits(b))
+            .unwrap_or_default();
         let caps = self.budget(raw.budget);
         let cwd = match &raw.cwd {
             Some(c) => root.join(c),
@@ -229,6 +241,7 @@ impl Validator<'_> {
             overlap: raw.overlap.unwrap_or_default(),
             trigger: trigger?,
             caps: caps?,
+            limits,
             run: run?,
             verify: verify?,
             commit,
@@ -357,6 +370,40 @@ impl Validator<'_> {
                 .flatten()
                 .unwrap_or(Duration::from_secs_f64(DEFAULT_KILL_GRACE_S)),
         })
+    }
+
+    /// `memory_max`, `pids_max` and `cpu_weight` of `[budget]`: held by cgroups.
+    fn limits(&mut self, raw: &Spanned<RawBudget>) -> crate::limits::Limits {
+        let b = raw.get_ref();
+        let mut limits = crate::limits::Limits::default();
+        if let Some(v) = &b.memory_max {
+            match memory_bytes(v.get_ref()) {
+                Some(bytes) => limits.memory_max = Some(bytes),
+                None => self.err(
+                    v.span(),
+                    "budget.memory_max: expected bytes (an integer) or a size like \"512M\" or \"2G\" (K, M, G: powers of 1024), at least 1M",
+                ),
+            }
+        }
+        if let Some(v) = &b.pids_max {
+            match u64::try_from(*v.get_ref()) {
+                Ok(n) if n >= 1 => limits.pids_max = Some(n),
+                _ => self.err(
+                    v.span(),
+                    "budget.pids_max: expected a whole number of processes, at least 1",
+                ),
+            }
+        }
+        if let Some(v) = &b.cpu_weight {
+            match u32::try_from(*v.get_ref()) {
+                Ok(n) if (1..=10_000).contains(&n) => limits.cpu_weight = Some(n),
+                _ => self.err(
+                    v.span(),
+                    "budget.cpu_weight: expected 1 to 10000 (100 is an ordinary share)",
+                ),
+            }
+        }
+        limits
     }
 
     fn count(&mut self, table: &Range<usize>, name: &str, v: Option<Spanned<i64>>) -> Option<u64> {
@@ -492,4 +539,28 @@ impl Validator<'_> {
 fn is_executable(m: &std::fs::Metadata) -> bool {
     use std::os::unix::fs::PermissionsExt;
     m.permissions().mode() & 0o111 != 0
+}
+
+/// `memory_max` as bytes: an integer, or a number with K, M or G (powers of 1024).
+fn memory_bytes(v: &toml::Value) -> Option<u64> {
+    let bytes = match v {
+        toml::Value::Integer(n) => u64::try_from(*n).ok()?,
+        toml::Value::String(s) => {
+            let s = s.trim();
+            let (number, unit) = match s.char_indices().last()? {
+                (i, c) if c.is_ascii_alphabetic() => (&s[..i], c.to_ascii_uppercase()),
+                _ => (s, 'B'),
+            };
+            let scale: u64 = match unit {
+                'B' => 1,
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return None,
+            };
+            number.trim().parse::<u64>().ok()?.checked_mul(scale)?
+        }
+        _ => return None,
+    };
+    (bytes >= 1 << 20).then_some(bytes)
 }

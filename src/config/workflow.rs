@@ -216,6 +216,9 @@ pub struct Workflow {
     pub config_hash: String,
     /// Set when this workflow is a digest agent's run (see [`crate::agent`]).
     pub agent: Option<String>,
+    /// `memory_max`, `pids_max`, `cpu_weight` of its `[budget]`: the maker's and checker's
+    /// cgroup caps.
+    pub limits: crate::limits::Limits,
     /// The file's own `[sandbox]` table, as written.
     #[serde(skip)]
     pub sandbox_own: super::sandbox::SandboxSettings,

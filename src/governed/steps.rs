@@ -73,6 +73,11 @@ impl Engine {
             },
             cancel: cancel.clone(),
             sandbox: confinement.as_ref(),
+            limits: if kind == StepKind::Commit {
+                Default::default()
+            } else {
+                wf.limits
+            },
         };
         let figures_before = guard.is_some();
         let mut guard = guard;

@@ -16,6 +16,7 @@ pub(super) fn spawn(
     cwd: &Path,
     env: &[(String, String)],
     sandbox: RawFd,
+    join: &[RawFd],
 ) -> std::io::Result<(StepProcess, OwnedFd, Option<StepCgroup>)> {
     let Some((program, args)) = argv.split_first() else {
         return Err(std::io::Error::new(
@@ -45,6 +46,7 @@ pub(super) fn spawn(
                     cwd,
                     control: ctl_write_fd,
                     sandbox,
+                    join,
                 };
                 match crate::process::spawn_into_cgroup(&launch, &dir) {
                     Some(Ok(child)) => {
@@ -78,7 +80,11 @@ pub(super) fn spawn(
         .process_group(0)
         .kill_on_drop(true);
     // A sandbox is applied between fork and exec, which posix_spawn cannot do.
-    let child = match RESERVED_FD3.get().filter(|_| sandbox < 0) {
+    let join = join.to_vec();
+    let child = match RESERVED_FD3
+        .get()
+        .filter(|_| sandbox < 0 && join.is_empty())
+    {
         // The fast path: std spawns with posix_spawn, which a pre_exec hook would turn
         // into a fork of this whole process (half the throughput). The control pipe is put
         // on our reserved fd 3 for the moment of the spawn, under a lock, so exactly this
@@ -109,6 +115,8 @@ pub(super) fn spawn(
                     } else if libc::dup2(ctl_write_fd, 3) == -1 {
                         return Err(std::io::Error::last_os_error());
                     }
+                    crate::process::join_cgroups(&join)
+                        .map_err(std::io::Error::from_raw_os_error)?;
                     crate::sandbox::restrict_self(sandbox)
                         .map_err(std::io::Error::from_raw_os_error)
                 });

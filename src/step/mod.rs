@@ -102,6 +102,8 @@ pub struct StepRequest<'a> {
     pub cancel: CancellationToken,
     /// The kernel confinement the step starts under (none for a commit or a trusted step).
     pub sandbox: Option<&'a crate::sandbox::Confinement>,
+    /// Memory, process and CPU caps held by cgroups (none set for most steps).
+    pub limits: crate::limits::Limits,
 }
 
 /// Why the supervisor stopped watching.
@@ -208,11 +210,30 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     if req.cancel.is_cancelled() {
         return StepOutcome::new(Ending::Cancelled);
     }
+    let limit_groups = if req.limits.any() {
+        match crate::limits::LimitGroups::create(&req.limits) {
+            Ok(groups) => Some(groups),
+            Err(e) => {
+                let mut out = StepOutcome::new(Ending::SpawnFailed(format!(
+                    "cannot hold the [budget] caps (memory_max, pids_max, cpu_weight): {e}"
+                )));
+                out.duration = started.elapsed();
+                return out;
+            }
+        }
+    } else {
+        None
+    };
+    let join = limit_groups
+        .as_ref()
+        .map(|g| g.procs_fds())
+        .unwrap_or_default();
     let (mut child, ctl_read, cgroup) = match launch::spawn(
         req.argv,
         req.cwd,
         req.env,
         req.sandbox.map_or(-1, |s| s.raw_fd()),
+        &join,
     ) {
         Ok(pair) => pair,
         Err(e) => {
@@ -305,6 +326,17 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
         cgroup.finish(CGROUP_DRAIN).await;
     }
     out.ending = ending;
+    // The kernel killed a process for going over memory_max: exhausted, like any cap.
+    if let (Some(groups), Some(bytes)) = (&limit_groups, req.limits.memory_max) {
+        if out.ending == Ending::Exited && groups.memory_exhausted() {
+            let mib = format!("{}MiB", bytes >> 20);
+            out.ending = Ending::Breach(crate::budget::Breach {
+                cap: crate::budget::Cap::Memory,
+                used: mib.clone(),
+                limit: mib,
+            });
+        }
+    }
 
     // Messages written just before exit still count: a last charge over the cap is a breach.
     let drain_until = tokio::time::Instant::now() + DRAIN_WAIT;
@@ -395,6 +427,7 @@ mod tests {
                 stall_timeout: None,
                 cancel: CancellationToken::new(),
                 sandbox: None,
+                limits: Default::default(),
             },
             None,
         )
