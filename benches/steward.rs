@@ -344,7 +344,7 @@ fn breach_to_dead_tree(dir: &Path, n: usize) -> Vec<f64> {
             mark.display()
         ),
     );
-    let body = format!("dry_run = true\n[trigger]\nmanual = true\n{BUDGET}kill_grace_s = 1\n[run]\ncommand = [\"{}\"]\n[verify]\ncommand = [\"/bin/true\"]\n", maker.display());
+    let body = format!("dry_run = true\n[trigger]\nmanual = true\n{BUDGET}kill_grace_s = 1\n[run]\ncommand = [\"{}\"]\n[verify]\ncommand = [\"/bin/true\"]\n[sandbox]\nwrite = [\"{}\"]\n", maker.display(), dir.display());
     let cfg = config(dir, &[("breach".into(), body)]);
     let config = steward::config::load_dir(&cfg).unwrap();
     let (engine, _) = steward::governed::open(&dir.join("state-breach")).unwrap();
@@ -445,6 +445,7 @@ fn trigger_latency(
     // The maker is this program (`--child-mark`): it notes the time as its first act, so
     // the figure is trigger → maker running, not the maker's own start-up of a shell and
     // the children it forks.
+    // Its sandbox lets it write the log it marks (the table follows [verify]).
     let maker = |log: &Path| {
         format!(
             "command = [\"{}\", \"--child-mark\", \"{}\"]",
@@ -452,8 +453,14 @@ fn trigger_latency(
             log.display()
         )
     };
+    let sandbox = |log: &Path| {
+        format!(
+            "[sandbox]\nwrite = [\"{}\"]\n",
+            log.parent().unwrap_or(log).display()
+        )
+    };
     let wf = |trigger: &str| {
-        format!("dry_run = true\noverlap = \"buffer_all\"\n[trigger]\n{trigger}\n{BUDGET}[run]\n{}\n[verify]\ncommand = [\"/bin/true\"]\n", maker(&starts))
+        format!("dry_run = true\noverlap = \"buffer_all\"\n[trigger]\n{trigger}\n{BUDGET}[run]\n{}\n[verify]\ncommand = [\"/bin/true\"]\n{}", maker(&starts), sandbox(&starts))
     };
     let inbox = dir.join("inbox");
     std::fs::create_dir_all(&inbox).unwrap();
@@ -512,7 +519,7 @@ fn trigger_latency(
     let cron_dir = dir.join("cron");
     std::fs::create_dir_all(&cron_dir).unwrap();
     let starts_cron = cron_dir.join("starts.log");
-    let cfg2 = config(&cron_dir, &[("tick".into(), format!("dry_run = true\n[trigger]\nschedule = {{ cron = \"* * * * * *\" }}\n{BUDGET}[run]\n{}\n[verify]\ncommand = [\"/bin/true\"]\n", maker(&starts_cron)))]);
+    let cfg2 = config(&cron_dir, &[("tick".into(), format!("dry_run = true\n[trigger]\nschedule = {{ cron = \"* * * * * *\" }}\n{BUDGET}[run]\n{}\n[verify]\ncommand = [\"/bin/true\"]\n{}", maker(&starts_cron), sandbox(&starts_cron)))]);
     let (_d2, _) = start_daemon(&cfg2, &cron_dir.join("state"));
     let lines = wait_lines(
         &starts_cron,
