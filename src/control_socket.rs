@@ -73,6 +73,17 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, cancel: Cancel
             let _ = reply_to(stream, refusal).await;
             continue;
         }
+        // Landlock does not cover connecting to a socket by its path: a confined maker
+        // could otherwise approve, go live or start runs through this socket.
+        let pid = stream.peer_cred().ok().and_then(|c| c.pid());
+        if pid.is_some_and(crate::sandbox::is_confined_step) {
+            tracing::warn!(peer_pid = ?pid, "control socket: refused a sandboxed step");
+            let refusal = Response::error(
+                "refused: a sandboxed step may not command steward (its commit step may)",
+            );
+            let _ = reply_to(stream, refusal).await;
+            continue;
+        }
         let service = service.clone();
         clients.spawn(async move {
             if let Err(e) = handle(stream, service).await {

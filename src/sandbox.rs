@@ -248,3 +248,65 @@ pub unsafe fn restrict_self(fd: RawFd) -> Result<(), i32> {
     }
     Ok(())
 }
+
+/// The confined steps running now, by what the control socket can see of a client: its
+/// step cgroup's name and its process group. A confined step may not command the daemon
+/// through its socket (Landlock does not cover connecting to a Unix socket by its path):
+/// it could otherwise approve, go live or start runs.
+static CONFINED: std::sync::Mutex<Vec<(Option<String>, i32)>> = std::sync::Mutex::new(Vec::new());
+
+fn confined() -> std::sync::MutexGuard<'static, Vec<(Option<String>, i32)>> {
+    CONFINED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A confined step's registration, removed when dropped (its step ended).
+#[derive(Debug)]
+pub struct Registration {
+    entry: (Option<String>, i32),
+}
+
+/// Registers a confined step: its cgroup folder (if it has one) and its process group.
+pub fn register(cgroup: Option<&Path>, pgid: i32) -> Registration {
+    let entry = (
+        cgroup
+            .and_then(|c| c.file_name())
+            .map(|n| n.to_string_lossy().into_owned()),
+        pgid,
+    );
+    confined().push(entry.clone());
+    Registration { entry }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut list = confined();
+        if let Some(i) = list.iter().position(|e| *e == self.entry) {
+            list.swap_remove(i);
+        }
+    }
+}
+
+/// Whether the process `pid` belongs to a confined step: it sits in a confined step's
+/// cgroup (which it cannot leave: the cgroup files are not writable to it), or in its
+/// process group.
+pub fn is_confined_step(pid: i32) -> bool {
+    let list = confined();
+    if list.is_empty() {
+        return false;
+    }
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let own = cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .and_then(|p| p.rsplit('/').next())
+        .map(str::to_string);
+    // Field 5 of /proc/PID/stat, after the parenthesised command name.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let pgid = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(2))
+        .and_then(|g| g.parse::<i32>().ok());
+    list.iter().any(|(name, group)| {
+        (name.is_some() && *name == own) || (pgid == Some(*group) && *group > 0)
+    })
+}

@@ -248,6 +248,10 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     // The group id is the child's pid (it was started in a process group of its own).
     // Never 0: killpg(0) would signal steward's own group.
     let pgid = (child.pid > 0).then(|| Pid::from_raw(child.pid as i32));
+    // A confined step (and all it starts) may not command the daemon over its socket.
+    let _confined = req
+        .sandbox
+        .map(|_| crate::sandbox::register(cgroup.as_ref().map(|c| c.path()), child.pid as i32));
     // Should this future be dropped before the step ends (a runtime shutting down), the
     // group and cgroup still die with it, not only the child's own pid.
     let mut contained = Contained { pgid, cgroup };
