@@ -19,9 +19,14 @@ use std::sync::Arc;
 
 use util::{Env, Spec};
 
-/// Each attempt prints `NAME=ok` or `NAME=denied` on stderr.
+/// Each attempt prints `NAME=ok` or `NAME=denied` on stderr, a denial followed by what
+/// the attempt itself said (the kernel's error, as its program reports it).
 const HOSTILE: &str = r#"cat >/dev/null
-try() { name=$1; shift; if "$@" 2>/dev/null; then echo "$name=ok" >&2; else echo "$name=denied" >&2; fi; }
+try() {
+  name=$1; shift
+  if err=$("$@" 2>&1 >/dev/null); then echo "$name=ok" >&2
+  else echo "$name=denied" >&2; echo "$name said: $err" >&2; fi
+}
 try write-state sh -c 'echo owned > "$STEWARD_STATE_DIR/owned"'
 try write-config sh -c 'echo owned > "$STEWARD_CONFIG_DIR/owned"'
 try write-home sh -c 'echo owned > "$HOME/owned"'
@@ -112,6 +117,7 @@ fn attempt(
     let attempts = stderr
         .lines()
         .filter_map(|l| l.split_once('='))
+        .filter(|(_, v)| *v == "ok" || *v == "denied")
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     // The daemon is untouched: alive and answering.
@@ -160,6 +166,24 @@ fn a_confined_maker_is_denied_every_escape_and_the_daemon_is_untouched() {
         Some("ok"),
         "{attempts:?}"
     );
+    // The record says what was denied, in the kernel's words as each program reports them.
+    let stderr = rec["stderr"]["run"].as_str().unwrap_or("");
+    for (name, kernel_says) in [
+        ("write-state", "Permission denied"),
+        ("write-config", "Permission denied"),
+        ("write-home", "Permission denied"),
+        ("write-other-run", "Permission denied"),
+        ("read-secret", "Permission denied"),
+        ("connect", "Permission denied"),
+        ("signal-other", "Operation not permitted"),
+        ("signal-daemon", "Operation not permitted"),
+    ] {
+        let said = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} said: ")))
+            .unwrap_or_else(|| panic!("no word from {name} in {stderr}"));
+        assert!(said.contains(kernel_says), "{name}: {said:?}");
+    }
     for file in [
         s.env.state.join("owned"),
         s.env.config.join("owned"),
