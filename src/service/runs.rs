@@ -113,10 +113,13 @@ pub(super) fn list(
     state: Option<RunState>,
     limit: usize,
 ) -> Handled {
-    let keep = |r: &RunRecord| {
-        workflow.as_ref().is_none_or(|w| &r.workflow == w) && state.is_none_or(|s| r.state == s)
+    let query = crate::store::RunQuery {
+        workflow,
+        state,
+        limit,
+        ..Default::default()
     };
-    let runs = service.engine.store.runs(&keep, limit)?;
+    let runs = service.engine.store.run_page(&query)?;
     Ok(Response::Runs { runs })
 }
 

@@ -60,6 +60,25 @@ pub enum RunState {
 }
 
 impl RunState {
+    pub const ALL: [RunState; 11] = [
+        RunState::Running,
+        RunState::Success,
+        RunState::CleanNoOp,
+        RunState::Blocked,
+        RunState::ApprovalRequired,
+        RunState::Exhausted,
+        RunState::Stagnated,
+        RunState::Failed,
+        RunState::Interrupted,
+        RunState::Skipped,
+        RunState::Missed,
+    ];
+
+    /// The state a name (as [`RunState::name`] gives it) stands for.
+    pub fn from_name(name: &str) -> Option<RunState> {
+        RunState::ALL.into_iter().find(|s| s.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             RunState::Running => "running",
@@ -231,6 +250,34 @@ impl Default for Retention {
     }
 }
 
+/// Which runs a page holds: any of workflow, state and a start-time window, and where
+/// the page starts (older than the run id `before`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunQuery {
+    pub workflow: Option<String>,
+    pub state: Option<RunState>,
+    /// Runs started at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Runs started before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Runs older than this run id (the last id of the previous page).
+    pub before: Option<String>,
+    pub limit: usize,
+}
+
+/// Sizes an operator watches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub dead_letters: usize,
+    pub review_waiting: usize,
+    pub keys_in_doubt: usize,
+}
+
+/// The prefix of run ids started at `t` (run ids start with their start time).
+pub fn run_id_prefix(t: DateTime<Utc>) -> String {
+    t.format("%Y%m%dT%H%M%S%3f").to_string()
+}
+
 /// Finished runs recorded between two retention sweeps: a sweep reads every run key, so
 /// it runs now and then, not per run.
 pub(crate) const PRUNE_EVERY: u64 = 1_000;
@@ -255,6 +302,16 @@ pub trait Backend: Send + Sync {
 
     /// Newest first. Run ids start with their start time, so key order is time order.
     fn runs(&self, keep: &dyn Fn(&RunRecord) -> bool, limit: usize) -> Result<Vec<RunRecord>>;
+
+    /// One page of runs, newest first, found through the run index (workflow, state,
+    /// start time), so a page costs its own size however many runs the store holds.
+    fn run_page(&self, query: &RunQuery) -> Result<Vec<RunRecord>>;
+
+    /// The newest runs of a workflow, as (run id, state): what a strip of recent runs shows.
+    fn recent_states(&self, workflow: &str, limit: usize) -> Result<Vec<(String, RunState)>>;
+
+    /// How many entries the dead-letter and review queues hold, and keys in doubt.
+    fn counts(&self) -> Result<Counts>;
 
     // ---- schedules ----
     /// The last slot a schedule fired (or handled as missed).

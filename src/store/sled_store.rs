@@ -31,6 +31,10 @@ pub struct SledStore {
     approvals: sled::Tree,
     meta: sled::Tree,
     case_events: sled::Tree,
+    /// Run id → `state\0workflow`: what the run index files it under.
+    run_meta: sled::Tree,
+    /// Empty values under `w\0WORKFLOW\0ID`, `s\0STATE\0ID`, `x\0WORKFLOW\0STATE\0ID`.
+    run_index: sled::Tree,
 }
 
 /// ` (pid N: cmdline)` for the processes that hold `dir` open, as far as /proc shows.
@@ -123,8 +127,11 @@ impl SledStore {
             approvals: db.open_tree("approvals")?,
             meta: db.open_tree("meta")?,
             case_events: db.open_tree("case_events")?,
+            run_meta: db.open_tree("run_meta")?,
+            run_index: db.open_tree("run_index")?,
             db,
         };
+        store.build_run_index()?;
         let recovery = store.recover()?;
         Ok((store, recovery))
     }
@@ -162,6 +169,47 @@ impl SledStore {
         Ok(rec)
     }
 
+    /// A store written before the run index existed gets one, once.
+    fn build_run_index(&self) -> Result<()> {
+        if !self.run_meta.is_empty() || self.runs.is_empty() {
+            return Ok(());
+        }
+        for item in self.runs.iter() {
+            let (k, v) = item?;
+            let run: RunRecord = decode("runs", &k, &v)?;
+            self.index_run(&run)?;
+        }
+        tracing::info!(runs = self.run_meta.len(), "built the run index");
+        Ok(())
+    }
+
+    /// Files a run under its workflow, its state and both, replacing its old entries
+    /// when its state changed. The index may hold a stale entry after a crash between
+    /// two writes: readers check each record against what they asked.
+    fn index_run(&self, run: &RunRecord) -> Result<()> {
+        let meta = format!("{}\0{}", run.state.name(), run.workflow);
+        let old = self
+            .run_meta
+            .insert(run.run_id.as_bytes(), meta.as_bytes())?;
+        if old.as_deref() == Some(meta.as_bytes()) {
+            return Ok(());
+        }
+        if let Some(old) = old {
+            self.unindex(&run.run_id, &old)?;
+        }
+        for key in index_keys(&run.run_id, &meta) {
+            self.run_index.insert(key, &[])?;
+        }
+        Ok(())
+    }
+
+    fn unindex(&self, run_id: &str, meta: &[u8]) -> Result<()> {
+        for key in index_keys(run_id, &String::from_utf8_lossy(meta)) {
+            self.run_index.remove(key)?;
+        }
+        Ok(())
+    }
+
     fn put<T: Serialize>(&self, tree: &sled::Tree, key: &str, value: &T) -> Result<()> {
         tree.insert(key.as_bytes(), encode(value))?;
         Ok(())
@@ -193,6 +241,7 @@ impl Backend for SledStore {
 
     fn put_run(&self, run: &RunRecord) -> Result<()> {
         self.put(&self.runs, &run.run_id, run)?;
+        self.index_run(run)?;
         if run.state == RunState::Running {
             self.active.insert(run.run_id.as_bytes(), &[])?;
         } else {
@@ -228,6 +277,9 @@ impl Backend for SledStore {
         }
         for key in &doomed {
             self.runs.remove(key)?;
+            if let Some(meta) = self.run_meta.remove(key)? {
+                self.unindex(&String::from_utf8_lossy(key), &meta)?;
+            }
         }
         if !doomed.is_empty() {
             tracing::debug!(pruned = doomed.len(), "old run records pruned");
@@ -252,6 +304,84 @@ impl Backend for SledStore {
             }
         }
         Ok(out)
+    }
+
+    fn run_page(&self, q: &RunQuery) -> Result<Vec<RunRecord>> {
+        let prefix = match (&q.workflow, q.state) {
+            (Some(w), Some(s)) => format!("x\0{w}\0{}\0", s.name()),
+            (Some(w), None) => format!("w\0{w}\0"),
+            (None, Some(s)) => format!("s\0{}\0", s.name()),
+            (None, None) => String::new(),
+        };
+        let low = format!("{prefix}{}", q.since.map(run_id_prefix).unwrap_or_default());
+        let mut high = q.until.map(run_id_prefix);
+        if let Some(before) = &q.before {
+            high = Some(high.map_or(before.clone(), |h| h.min(before.clone())));
+        }
+        let high = match high {
+            Some(h) => format!("{prefix}{h}").into_bytes(),
+            // Past every id under the prefix (ids are ASCII, below 0xff).
+            None => format!("{prefix}\u{7f}").into_bytes(),
+        };
+        let tree = if prefix.is_empty() {
+            &self.runs
+        } else {
+            &self.run_index
+        };
+        let keep = |r: &RunRecord| {
+            q.workflow.as_ref().is_none_or(|w| &r.workflow == w)
+                && q.state.is_none_or(|s| r.state == s)
+        };
+        let mut out = Vec::new();
+        for key in tree.range(low.into_bytes()..high).keys().rev() {
+            let key = key?;
+            let id = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+            if let Some(run) = self.run(&id)?.filter(keep) {
+                out.push(run);
+                if out.len() >= q.limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn recent_states(&self, workflow: &str, limit: usize) -> Result<Vec<(String, RunState)>> {
+        let prefix = format!("w\0{workflow}\0");
+        let mut out = Vec::new();
+        for key in self.run_index.scan_prefix(prefix.as_bytes()).keys().rev() {
+            let key = key?;
+            let Some(meta) = self.run_meta.get(&key[prefix.len()..])? else {
+                continue;
+            };
+            let meta = String::from_utf8_lossy(&meta).into_owned();
+            let state = meta.split('\0').next().and_then(RunState::from_name);
+            if let Some(state) = state {
+                out.push((
+                    String::from_utf8_lossy(&key[prefix.len()..]).into_owned(),
+                    state,
+                ));
+                if out.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn counts(&self) -> Result<Counts> {
+        let mut in_doubt = 0;
+        for value in self.keys.iter().values() {
+            // Read without decoding: a scrape must stay cheap with many keys.
+            if memchr::memmem::find(&value?, b"\"in-doubt\"").is_some() {
+                in_doubt += 1;
+            }
+        }
+        Ok(Counts {
+            dead_letters: self.dead_letter.len(),
+            review_waiting: self.review.len(),
+            keys_in_doubt: in_doubt,
+        })
     }
 
     fn last_slot(&self, workflow: &str) -> Result<Option<DateTime<Utc>>> {
@@ -428,6 +558,16 @@ impl Backend for SledStore {
     }
 }
 
+/// A run's three index keys, from its `state\0workflow` meta.
+fn index_keys(run_id: &str, meta: &str) -> [Vec<u8>; 3] {
+    let (state, workflow) = meta.split_once('\0').unwrap_or((meta, ""));
+    [
+        format!("w\0{workflow}\0{run_id}").into_bytes(),
+        format!("s\0{state}\0{run_id}").into_bytes(),
+        format!("x\0{workflow}\0{state}\0{run_id}").into_bytes(),
+    ]
+}
+
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Serializing our own plain records cannot fail (no maps with non-string keys).
     serde_json::to_vec(value).unwrap_or_default()
@@ -490,6 +630,89 @@ mod tests {
             dry_run_reason: None,
             sandbox: None,
         }
+    }
+
+    /// The page is what a scan of every record with the same filter would give, in the
+    /// same order; a state change moves a run between index entries; pruning drops them.
+    #[test]
+    fn run_pages_match_a_full_scan_and_follow_state_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let base = Utc::now() - chrono::Duration::hours(1);
+        let states = [RunState::Success, RunState::Failed, RunState::Skipped];
+        let mut ids = Vec::new();
+        for i in 0..60i64 {
+            let t = base + chrono::Duration::seconds(i);
+            let id = format!("{}-{i:06}", run_id_prefix(t));
+            let mut r = record(id.clone(), RunState::Running);
+            r.workflow = ["a", "b"][i as usize % 2].into();
+            r.started_at = t;
+            store.put_run(&r).unwrap();
+            r.state = states[i as usize % 3];
+            store.put_run(&r).unwrap();
+            ids.push((id, r.workflow.clone(), r.state, t));
+        }
+        let check = |q: RunQuery| {
+            let got: Vec<String> = store
+                .run_page(&q)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.run_id)
+                .collect();
+            let want: Vec<String> = ids
+                .iter()
+                .rev()
+                .filter(|(id, w, s, t)| {
+                    q.workflow.as_ref().is_none_or(|x| x == w)
+                        && q.state.is_none_or(|x| x == *s)
+                        && q.since.is_none_or(|x| *t >= x)
+                        && q.until.is_none_or(|x| *t < x)
+                        && q.before.as_ref().is_none_or(|b| id < b)
+                })
+                .take(q.limit)
+                .map(|(id, ..)| id.clone())
+                .collect();
+            assert_eq!(got, want, "{q:?}");
+            assert!(!got.is_empty(), "{q:?}");
+        };
+        for workflow in [None, Some("a".to_string())] {
+            for state in [None, Some(RunState::Failed)] {
+                check(RunQuery {
+                    workflow: workflow.clone(),
+                    state,
+                    limit: 7,
+                    ..Default::default()
+                });
+                check(RunQuery {
+                    workflow: workflow.clone(),
+                    state,
+                    since: Some(base + chrono::Duration::seconds(10)),
+                    until: Some(base + chrono::Duration::seconds(50)),
+                    before: Some(ids[40].0.clone()),
+                    limit: 5,
+                });
+            }
+        }
+        // No running entry is left behind by the state changes.
+        let running = RunQuery {
+            state: Some(RunState::Running),
+            limit: 100,
+            ..Default::default()
+        };
+        assert!(store.run_page(&running).unwrap().is_empty());
+        let strip = store.recent_states("b", 3).unwrap();
+        assert_eq!(strip.len(), 3);
+        assert_eq!(strip[0].0, ids[59].0);
+        assert_eq!(strip[0].1, ids[59].2);
+        store.set_retention(Retention { runs: 10, days: 30 });
+        assert_eq!(store.prune_runs(Utc::now()).unwrap(), 50);
+        let all = RunQuery {
+            workflow: Some("a".into()),
+            limit: 100,
+            ..Default::default()
+        };
+        assert_eq!(store.run_page(&all).unwrap().len(), 5);
+        assert_eq!(store.recent_states("a", 100).unwrap().len(), 5);
     }
 
     #[test]
