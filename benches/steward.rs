@@ -391,6 +391,7 @@ fn steward_cmd(cfg: &Path, state: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_steward"));
     c.env("STEWARD_CONFIG", cfg)
         .env("STEWARD_STATE", state)
+        .env("STEWARD_DASHBOARD_LISTEN", "127.0.0.1:0")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     c

@@ -142,6 +142,9 @@ pub struct Status {
     pub waiting: Vec<Waiting>,
     pub workflows: Vec<WorkflowRow>,
     pub webhook_listen: Option<String>,
+    /// Where the dashboard listens (`steward dashboard` prints its URL).
+    #[serde(default)]
+    pub dashboard_listen: Option<String>,
     pub process_containment: String,
     /// When the running config was loaded (RFC 3339, UTC).
     #[serde(default)]

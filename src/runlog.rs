@@ -116,6 +116,37 @@ fn open_append(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// Every record of one run, oldest first, read from the runlog and the rotated files
+/// before it (newest first, stopping at the first older file without the run).
+pub fn entries_of(state_dir: &Path, run_id: &str) -> Vec<Entry> {
+    let current = RunLog::path(state_dir);
+    let needle = format!("\"run_id\":\"{run_id}\"");
+    let finder = memchr::memmem::Finder::new(needle.as_bytes());
+    let mut found = Vec::new();
+    for n in 0..=DEFAULT_KEEP {
+        let path = match n {
+            0 => current.clone(),
+            n => PathBuf::from(format!("{}.{n}", current.display())),
+        };
+        let Ok(bytes) = std::fs::read(&path) else {
+            break;
+        };
+        let before = found.len();
+        for line in bytes.split(|b| *b == b'\n') {
+            if finder.find(line).is_some() {
+                if let Ok(e) = serde_json::from_slice::<Entry>(line) {
+                    found.push(e);
+                }
+            }
+        }
+        if before > 0 && found.len() == before {
+            break;
+        }
+    }
+    found.sort_by_key(|e| e.ts);
+    found
+}
+
 /// A person-readable rendering of one record.
 pub fn render(e: &Entry) -> String {
     let mut s = format!(

@@ -51,6 +51,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the URL that opens the running daemon's web dashboard (it carries the
+    /// token from state/dashboard.token; the first visit trades it for a cookie)
+    Dashboard {
+        /// Print {"url": ..., "listen": ...}
+        #[arg(long)]
+        json: bool,
+    },
     /// Put an item on a queue (through the daemon when it runs)
     Enqueue {
         /// Queue name, as in a workflow's `[trigger] queue = "NAME"`
@@ -303,6 +310,11 @@ pub struct DaemonArgs {
     /// Also write the daemon log to daily-rotated files in this folder
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
+    /// Where the web dashboard and /metrics listen, over `[dashboard] listen` of
+    /// steward.toml (default 127.0.0.1:8484): an address, port 0 for any free port, or
+    /// `off`. `steward dashboard` prints the URL to open
+    #[arg(long, value_name = "ADDR|off", env = "STEWARD_DASHBOARD_LISTEN")]
+    pub dashboard: Option<String>,
 }
 
 const CALENDAR_HELP: &str = "\

@@ -113,10 +113,12 @@ fn run_cli(cli: Cli) -> Result<i32> {
                 state_dir: state,
                 grace: std::time::Duration::from_secs_f64(args.grace.clamp(0.0, 3600.0)),
                 max_concurrent: args.max_concurrent.max(1),
+                dashboard: args.dashboard,
             })?;
             Ok(0)
         }
         Command::Validate => validate(&config),
+        Command::Dashboard { json } => dashboard_url(&state, json),
         Command::Next { workflow, preview } => {
             calendar::workflow(&config, &workflow, &preview.into())
         }
@@ -159,6 +161,40 @@ fn run_cli(cli: Cli) -> Result<i32> {
             Ok(shown.code)
         }
     }
+}
+
+/// `steward dashboard`: the running daemon's dashboard URL, with the token.
+fn dashboard_url(state: &Path, json: bool) -> Result<i32> {
+    let status = match client::forward(state, &crate::api::Request::Status)? {
+        Some(crate::api::Response::Status(status)) => status,
+        Some(crate::api::Response::Error { message }) => bail!("{message}"),
+        Some(other) => bail!("unexpected reply from the daemon: {other:?}"),
+        None => bail!(
+            "no steward daemon is running on state folder {}: the dashboard is served by the daemon (start one with `steward daemon`)",
+            state.display()
+        ),
+    };
+    let Some(listen) = status.dashboard_listen else {
+        bail!("the running daemon serves no dashboard ([dashboard] listen = \"off\" in steward.toml, or --dashboard off)");
+    };
+    let token_file = crate::dashboard::token_path(&status.state_dir);
+    let token = std::fs::read_to_string(&token_file)
+        .with_context(|| format!("cannot read the dashboard token {}", token_file.display()))?;
+    let addr = listen
+        .parse()
+        .with_context(|| format!("the daemon reports an odd dashboard address `{listen}`"))?;
+    let url = crate::dashboard::url(addr, token.trim());
+    if json {
+        print_out(&format!(
+            "{}\n",
+            serde_json::json!({ "url": url, "listen": listen })
+        ));
+    } else {
+        print_out(&format!(
+            "{url}\n(open it in a browser on this machine; it holds the token, so keep it to yourself)\n"
+        ));
+    }
+    Ok(0)
 }
 
 /// `steward agent-step run|check|email AGENT`: one step of an agent's governed run,

@@ -124,6 +124,7 @@ pub fn of(command: Command) -> Result<(Request, View)> {
             View::default(),
         ),
         C::Daemon(_)
+        | C::Dashboard { .. }
         | C::Validate
         | C::Next { .. }
         | C::Calendar { .. }

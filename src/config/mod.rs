@@ -6,6 +6,7 @@
 
 pub mod agency;
 pub mod agent;
+pub mod dashboard;
 pub mod file;
 pub mod parse;
 pub mod sandbox;
@@ -182,7 +183,17 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
     let settings_file = root.join("steward.toml");
     if settings_file.exists() {
         match read_toml::<Settings>(&settings_file) {
-            Ok((s, _)) => config.settings = s,
+            Ok((s, text)) => {
+                if let Some(problem) = s.dashboard.problem() {
+                    errors.push(ConfigError::at_key(
+                        &settings_file,
+                        &text.0,
+                        "dashboard.listen",
+                        problem,
+                    ));
+                }
+                config.settings = s
+            }
             Err(e) => errors.push(e),
         }
     }

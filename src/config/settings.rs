@@ -29,6 +29,9 @@ pub struct Settings {
     /// Every workflow's default `[sandbox]` (see [`super::sandbox`]).
     #[serde(default)]
     pub sandbox: Option<super::sandbox::SandboxSettings>,
+    /// The web dashboard and `/metrics` (see [`super::dashboard`]).
+    #[serde(default)]
+    pub dashboard: super::dashboard::DashboardSettings,
 }
 
 /// `[retention]` in steward.toml: run records beyond either limit are pruned, oldest

@@ -34,6 +34,8 @@ pub struct Options {
     /// How long in-flight runs may finish after SIGTERM.
     pub grace: Duration,
     pub max_concurrent: usize,
+    /// `--dashboard`: where the dashboard listens, over steward.toml's `[dashboard] listen`.
+    pub dashboard: Option<String>,
 }
 
 /// Runs the daemon on a multi-threaded runtime until a stop signal.
@@ -86,6 +88,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         started: Instant::now(),
         queue_wakes: Mutex::new(Default::default()),
         webhook_addr: Mutex::new(None),
+        dashboard_addr: Mutex::new(None),
     });
 
     let stop_socket = CancellationToken::new();
@@ -95,6 +98,28 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         config_dir: shared.config_dir.clone(),
         state_dir: shared.state_dir.clone(),
         daemon: Some(shared.clone()),
+    });
+    let mut dashboard_settings = shared.config().settings.dashboard.clone();
+    if let Some(listen) = &opts.dashboard {
+        dashboard_settings.listen = Some(
+            serde::Deserialize::deserialize(serde::de::value::StrDeserializer::<
+                serde::de::value::Error,
+            >::new(listen))
+            .map_err(|e| anyhow!("--dashboard: {e}"))?,
+        );
+    }
+    let dashboard = crate::dashboard::bind(&dashboard_settings, service.clone()).await?;
+    let stop_dashboard = CancellationToken::new();
+    let dashboard_task = dashboard.map(|listening| {
+        *shared
+            .dashboard_addr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(listening.addr);
+        tracing::info!(
+            "dashboard: http://{} (`steward dashboard` prints the URL with its token)",
+            listening.addr
+        );
+        tokio::spawn(crate::dashboard::serve(listening, stop_dashboard.clone()))
     });
     let socket_task = tokio::spawn(crate::control_socket::serve(
         listener,
@@ -189,6 +214,10 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     signals_handle.close();
     stop_socket.cancel();
     let _ = socket_task.await;
+    stop_dashboard.cancel();
+    if let Some(task) = dashboard_task {
+        let _ = task.await;
+    }
     triggers.shutdown_scheduler().await;
     shared
         .engine

@@ -27,6 +27,8 @@ pub struct Shared {
     pub(super) started: Instant,
     pub(super) queue_wakes: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
     pub(super) webhook_addr: Mutex<Option<SocketAddr>>,
+    /// Where the dashboard listens (None when it is off).
+    pub(super) dashboard_addr: Mutex<Option<SocketAddr>>,
 }
 
 impl Shared {
@@ -122,6 +124,13 @@ impl crate::service::Daemon for Shared {
 
     fn webhook_listen(&self) -> Option<String> {
         self.webhook_addr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|a| a.to_string())
+    }
+
+    fn dashboard_listen(&self) -> Option<String> {
+        self.dashboard_addr
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .map(|a| a.to_string())

@@ -547,6 +547,7 @@ impl Engine {
             "idempotency_key": rec.idempotency_key,
         }));
         self.runlog.record(&e, &env.redactor)?;
+        self.metrics.run_ended(&rec);
         Ok(rec)
     }
 }

@@ -91,6 +91,8 @@ pub struct Engine {
     pub store: Store,
     pub runlog: RunLog,
     pub state_dir: PathBuf,
+    /// Counts every run that ends (served at the dashboard's `/metrics`).
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl Engine {
@@ -139,6 +141,7 @@ pub fn open(
             store,
             runlog,
             state_dir: state_dir.to_path_buf(),
+            metrics: Default::default(),
         },
         recovery,
     ))

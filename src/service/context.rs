@@ -21,6 +21,8 @@ pub trait Daemon: Send + Sync {
     fn running_config(&self) -> RunningConfig;
     fn uptime(&self) -> Duration;
     fn webhook_listen(&self) -> Option<String>;
+    /// Where the dashboard listens, if it does.
+    fn dashboard_listen(&self) -> Option<String>;
     /// Puts an item on a queue and wakes the queue's trigger.
     fn enqueue(&self, queue: &str, payload: &Value) -> anyhow::Result<String>;
 }

@@ -65,6 +65,7 @@ pub(super) fn status(service: &Service) -> Handled {
             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         config_errors: running.errors,
         webhook_listen: daemon.webhook_listen(),
+        dashboard_listen: daemon.dashboard_listen(),
         process_containment: crate::containment::describe(),
     })))
 }

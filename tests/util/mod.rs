@@ -233,6 +233,8 @@ impl Env {
             .env("STEWARD_CONFIG", &self.config)
             .env("STEWARD_STATE", &self.state)
             .env_remove("STEWARD_LOG")
+            // Each test daemon's dashboard on a port of its own (8484 is one per machine).
+            .env("STEWARD_DASHBOARD_LISTEN", "127.0.0.1:0")
             .current_dir(self.dir.path());
         cmd
     }
