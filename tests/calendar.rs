@@ -6,54 +6,11 @@
 
 mod util;
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 use chrono::{DateTime, Duration, Utc};
 use serde_json::{json, Value};
 use util::{Env, Spec};
-
-/// A Python with cronsim and croniter: `STEWARD_TEST_PYTHON` (`.ci/run` makes one), or a
-/// venv made here once per build.
-fn python() -> PathBuf {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            if let Some(p) = std::env::var_os("STEWARD_TEST_PYTHON") {
-                return PathBuf::from(p);
-            }
-            let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cron-venv");
-            let python = venv.join("bin/python");
-            let ready = venv.join("ready");
-            if !ready.exists() {
-                let ok = Command::new("python3")
-                    .args(["-m", "venv"])
-                    .arg(&venv)
-                    .status()
-                    .is_ok_and(|s| s.success())
-                    && Command::new(&python)
-                        .args([
-                            "-m",
-                            "pip",
-                            "install",
-                            "-q",
-                            "cronsim==2.9",
-                            "croniter==7.0.0",
-                        ])
-                        .status()
-                        .is_ok_and(|s| s.success());
-                assert!(
-                    ok,
-                    "cannot make a venv with cronsim and croniter in {}",
-                    venv.display()
-                );
-                std::fs::write(&ready, "").unwrap();
-            }
-            python
-        })
-        .clone()
-}
 
 /// The reference fires for each row.
 fn reference(rows: &[Value]) -> Vec<Vec<String>> {
@@ -61,7 +18,7 @@ fn reference(rows: &[Value]) -> Vec<Vec<String>> {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/cron_reference.py"
     );
-    let mut child = Command::new(python())
+    let mut child = Command::new(util::python())
         .arg(script)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

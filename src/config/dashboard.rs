@@ -54,7 +54,7 @@ impl DashboardSettings {
         let addr = self.address()?;
         (!addr.ip().is_loopback() && !self.allow_remote).then(|| {
             format!(
-                "listen = \"{addr}\" is reachable from other machines: use a loopback address (127.0.0.1), or set allow_remote = true to mean it"
+                "[dashboard] listen = \"{addr}\" is reachable from other machines: use a loopback address (127.0.0.1), or set allow_remote = true to mean it"
             )
         })
     }

@@ -47,7 +47,7 @@ pub async fn bind(
         return Ok(None);
     };
     if let Some(problem) = settings.problem() {
-        anyhow::bail!("[dashboard] {problem}");
+        anyhow::bail!("{problem}");
     }
     let keys = keys::Keys::load_or_create(&service.state_dir, settings.metrics)?;
     let listener = tokio::net::TcpListener::bind(addr)

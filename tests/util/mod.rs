@@ -610,3 +610,42 @@ pub fn http_server(routes: Vec<(&'static str, u16, String)>) -> String {
     });
     addr
 }
+
+/// The reference clients the tests run, from PyPI: cron implementations (cronsim,
+/// croniter) and Selenium for driving Chromium.
+pub const PYTHON_PACKAGES: &[&str] = &["cronsim==2.9", "croniter==7.0.0", "selenium==4.51.0"];
+
+/// A Python with [`PYTHON_PACKAGES`]: `STEWARD_TEST_PYTHON` (`.ci/run` makes one), or a
+/// venv made here once per build.
+pub fn python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            if let Some(p) = std::env::var_os("STEWARD_TEST_PYTHON") {
+                return PathBuf::from(p);
+            }
+            let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("test-venv");
+            let python = venv.join("bin/python");
+            let ready = venv.join("ready");
+            if !ready.exists() {
+                let ok = Command::new("python3")
+                    .args(["-m", "venv"])
+                    .arg(&venv)
+                    .status()
+                    .is_ok_and(|s| s.success())
+                    && Command::new(&python)
+                        .args(["-m", "pip", "install", "-q"])
+                        .args(PYTHON_PACKAGES)
+                        .status()
+                        .is_ok_and(|s| s.success());
+                assert!(
+                    ok,
+                    "cannot make a venv with {PYTHON_PACKAGES:?} in {}",
+                    venv.display()
+                );
+                std::fs::write(&ready, "").unwrap();
+            }
+            python
+        })
+        .clone()
+}
