@@ -23,6 +23,8 @@ struct Sizes {
     candidates: usize,
     growth: (usize, usize),
     feed_items: usize,
+    /// Runs in the store the dashboard's pages are timed on, and requests per page.
+    board: (usize, usize),
 }
 
 fn sizes(mode: &str) -> Sizes {
@@ -39,6 +41,7 @@ fn sizes(mode: &str) -> Sizes {
             candidates: 100_000,
             growth: (1_000, 100_000),
             feed_items: 2_000,
+            board: (100_000, 500),
         },
         "smoke" => Sizes {
             runs: 20,
@@ -52,6 +55,7 @@ fn sizes(mode: &str) -> Sizes {
             candidates: 1_000,
             growth: (50, 200),
             feed_items: 50,
+            board: (2_000, 20),
         },
         _ => Sizes {
             runs: 200,
@@ -65,6 +69,7 @@ fn sizes(mode: &str) -> Sizes {
             candidates: 100_000,
             growth: (1_000, 10_000),
             feed_items: 2_000,
+            board: (100_000, 200),
         },
     }
 }
@@ -781,6 +786,141 @@ fn growth(dir: &Path, a: usize, b: usize) -> ((f64, StateBytes), (f64, StateByte
     )
 }
 
+/// One GET on its own connection (as a browser's first visit makes it): the status and
+/// the seconds until the last byte.
+fn http_get(addr: &str, path: &str, cookie: &str) -> (u16, f64) {
+    let t = Instant::now();
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).unwrap();
+    let head = String::from_utf8_lossy(&raw[..raw.len().min(64)]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, t.elapsed().as_secs_f64())
+}
+
+/// The dashboard's figures on one store: p99-ready samples (ms) of the overview, the runs
+/// page and a `/metrics` scrape, and the daemon's RSS (KiB) after `idle` with nothing to do.
+struct Board {
+    overview: Vec<f64>,
+    runs: Vec<f64>,
+    metrics: Vec<f64>,
+    idle_rss: f64,
+}
+
+/// A store of `n` finished runs over four workflows and the last twenty days, written
+/// straight through the store (a real governed run is the template), then a daemon on it
+/// with the dashboard on, asked each page `samples` times.
+fn dashboard(dir: &Path, n: usize, samples: usize, idle: Duration) -> Board {
+    let workflows = ["tidy", "digest", "gate", "sync"];
+    let wfs: Vec<(String, String)> = workflows
+        .iter()
+        .map(|w| (w.to_string(), true_workflow()))
+        .collect();
+    let cfg = config(dir, &wfs);
+    // Retention above `n`, so the daemon keeps what was seeded.
+    std::fs::write(
+        cfg.join("steward.toml"),
+        format!("[retention]\nruns = {}\ndays = 30\n", n + 1000),
+    )
+    .unwrap();
+    let state = dir.join("state");
+    {
+        let config = steward::config::load_dir(&cfg).unwrap();
+        let (engine, _) = steward::governed::open(&state).unwrap();
+        let wf = std::sync::Arc::new(config.workflows["tidy"].clone());
+        engine.go_live(&wf).unwrap();
+        let store = engine.store.clone();
+        store.set_retention(steward::store::Retention {
+            runs: n + 1000,
+            days: 30,
+        });
+        let runner = steward::runner::Runner::new(engine, 1);
+        let template = runtime().block_on(governed_run(&runner, &wf, steward::live::Ask::Live));
+        let states = [
+            steward::store::RunState::Success,
+            steward::store::RunState::Success,
+            steward::store::RunState::Success,
+            steward::store::RunState::Failed,
+        ];
+        let now = chrono::Utc::now();
+        let span_ms = 20 * 86_400_000 / n.max(1) as i64;
+        for i in 0..n {
+            let started = now - chrono::Duration::milliseconds(span_ms * (n - i) as i64);
+            let mut run = template.clone();
+            run.run_id = format!("{}-{i:06x}", steward::store::run_id_prefix(started));
+            run.workflow = workflows[i % workflows.len()].to_string();
+            run.state = states[(i / workflows.len()) % states.len()];
+            run.started_at = started;
+            run.ended_at = Some(started + chrono::Duration::milliseconds(40));
+            store.put_run(&run).unwrap();
+        }
+        store.flush().unwrap();
+    } // the engine and its store lock are gone: the daemon takes the folder
+    let (d, _) = start_daemon(&cfg, &state);
+    let out = steward_cmd(&cfg, &state)
+        .args(["dashboard", "--json"])
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).expect("steward dashboard --json");
+    let addr = v["listen"].as_str().unwrap().to_string();
+    let token = v["url"].as_str().unwrap().split("token=").nth(1).unwrap();
+    let cookie = {
+        let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            conn,
+            "GET /?token={token} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = String::new();
+        conn.read_to_string(&mut head).unwrap();
+        let line = head
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+            .expect("the token buys a session cookie");
+        line.split_once(':')
+            .unwrap()
+            .1
+            .split(';')
+            .next()
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let sample = |path: &str, cookie: &str| -> Vec<f64> {
+        (0..samples)
+            .map(|_| {
+                let (status, secs) = http_get(&addr, path, cookie);
+                assert_eq!(status, 200, "{path}");
+                secs * 1e3
+            })
+            .collect()
+    };
+    // The runs page with a filter too: the index must serve both as a page of its size.
+    let mut runs = sample("/runs", &cookie);
+    runs.extend(sample("/runs?workflow=gate&state=failed", &cookie));
+    let board = Board {
+        overview: sample("/", &cookie),
+        runs,
+        metrics: sample("/metrics", ""),
+        idle_rss: 0.0,
+    };
+    std::thread::sleep(idle);
+    Board {
+        idle_rss: proc_status(d.child.id(), "VmRSS:"),
+        ..board
+    }
+}
+
 /// The latency benchmark's maker: appends `<ns since the epoch at start> <scheduled_for>`.
 fn child_mark(log: &Path) {
     let started = now_ns();
@@ -825,7 +965,7 @@ fn main() {
     };
     let s = sizes(mode);
     // `--only seen` (or throughput, sandbox, latency, breach, scale, drain, reading,
-    // growth) runs one figure.
+    // growth, dashboard) runs one figure.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -1024,6 +1164,36 @@ fn main() {
                 json!({ "early": early, "late": late }),
             );
         }
+    }
+
+    if want("dashboard") {
+        r.mark();
+        let (n, samples) = s.board;
+        // The same pages on a store of a hundredth the size: what the store's size costs.
+        let small = dashboard(&dir("board-small"), n / 100, samples, Duration::ZERO);
+        let big = dashboard(&dir("board"), n, samples, Duration::from_secs(s.idle_s));
+        for (name, ours, base, target) in [
+            ("overview page", big.overview, small.overview, 50.0),
+            ("runs page", big.runs, small.runs, 50.0),
+            ("/metrics scrape", big.metrics, small.metrics, 10.0),
+        ] {
+            let (p50, p99, _) = dist(ours);
+            let (_, base99, _) = dist(base);
+            r.row(
+                &format!("{name} with {}k runs (ms, target p99 {target})", n / 1000),
+                format!("p50 {p50:.1} p99 {p99:.1}"),
+                format!("{} runs p99 {base99:.1}", n / 100),
+                format!("{:.2}", p99 / base99),
+                json!({ "p50": p50, "p99": p99, "baseline_p99": base99, "runs": n, "target_p99": target }),
+            );
+        }
+        r.row(
+            &format!("idle RSS, dashboard on, {}k runs (MiB)", n / 1000),
+            format!("{:.1}", big.idle_rss / 1024.0),
+            "target 30".into(),
+            "-".into(),
+            json!(big.idle_rss / 1024.0),
+        );
     }
 
     let out = Path::new(env!("CARGO_TARGET_TMPDIR"))

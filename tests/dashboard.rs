@@ -379,7 +379,14 @@ impl Browser {
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
         assert!(!line.is_empty(), "the browser driver died on {command}");
-        serde_json::from_str(&line).unwrap()
+        let answer: Value = serde_json::from_str(&line).unwrap();
+        assert!(
+            answer.get("error").is_none(),
+            "the browser refused {command}: {} {}",
+            answer["error"],
+            answer["message"]
+        );
+        answer
     }
 
     fn visit(&mut self, path: &str, width: u32) -> Value {

@@ -147,6 +147,8 @@ impl SledStore {
                     run.reason = "steward stopped while this run was in flight".into();
                     run.ended_at = Some(Utc::now());
                     self.put(&self.runs, &id, &run)?;
+                    // Refiled too: `runs --status interrupted` reads through the index.
+                    self.index_run(&run)?;
                 }
             }
             self.active.remove(&k)?;

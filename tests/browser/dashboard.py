@@ -21,6 +21,7 @@ import sys
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
@@ -63,29 +64,42 @@ def main():
             if not line.strip():
                 continue
             cmd = json.loads(line)
-            resize(driver, cmd.get("width", 1200), cmd.get("height", 900))
-            if "visit" in cmd:
-                driver.get(origin + cmd["visit"])
-                if "wait_for" in cmd:
-                    WebDriverWait(driver, 30).until(
-                        lambda d: cmd["wait_for"] in d.find_element(By.TAG_NAME, "body").text)
-                out = page(driver)
-            elif "click" in cmd:
-                driver.get(origin + cmd["on"])
-                button = driver.find_element(By.CSS_SELECTOR, cmd["click"])
-                button.click()
-                WebDriverWait(driver, 30).until(expected_conditions.staleness_of(button))
-                out = page(driver)
-            elif "screenshot" in cmd:
-                driver.get(origin + cmd["screenshot"])
-                driver.save_screenshot(cmd["file"])
-                out = page(driver)
-            else:
-                out = {"error": "unknown command"}
+            try:
+                out = run(driver, origin, cmd)
+            except WebDriverException as e:
+                # Reported, not fatal: the test prints what the browser said.
+                out = {"error": type(e).__name__, "message": e.msg or str(e)}
             out["command"] = cmd
             print(json.dumps(out), flush=True)
     finally:
         driver.quit()
+
+
+def run(driver, origin, cmd):
+    resize(driver, cmd.get("width", 1200), cmd.get("height", 900))
+    if "visit" in cmd:
+        driver.get(origin + cmd["visit"])
+        if "wait_for" in cmd:
+            WebDriverWait(driver, 30).until(
+                lambda d: cmd["wait_for"] in d.find_element(By.TAG_NAME, "body").text)
+        return page(driver)
+    if "click" in cmd:
+        driver.get(origin + cmd["on"])
+        # Clickable, not merely present: on a loaded machine the page may still be
+        # laying out when the element first exists.
+        button = WebDriverWait(driver, 30).until(
+            expected_conditions.element_to_be_clickable((By.CSS_SELECTOR, cmd["click"])))
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
+        button.click()
+        WebDriverWait(driver, 30).until(expected_conditions.staleness_of(button))
+        WebDriverWait(driver, 30).until(
+            lambda d: d.execute_script("return document.readyState") == "complete")
+        return page(driver)
+    if "screenshot" in cmd:
+        driver.get(origin + cmd["screenshot"])
+        driver.save_screenshot(cmd["file"])
+        return page(driver)
+    return {"error": "unknown command"}
 
 
 if __name__ == "__main__":
