@@ -146,9 +146,9 @@ impl SledStore {
                     run.state = RunState::Interrupted;
                     run.reason = "steward stopped while this run was in flight".into();
                     run.ended_at = Some(Utc::now());
-                    self.put(&self.runs, &id, &run)?;
                     // Refiled too: `runs --status interrupted` reads through the index.
                     self.index_run(&run)?;
+                    self.put(&self.runs, &id, &run)?;
                 }
             }
             self.active.remove(&k)?;
@@ -173,15 +173,38 @@ impl SledStore {
 
     /// A store written before the run index existed gets one, once.
     fn build_run_index(&self) -> Result<()> {
-        if !self.run_meta.is_empty() || self.runs.is_empty() {
-            return Ok(());
+        if self.run_meta.is_empty() && !self.runs.is_empty() {
+            for item in self.runs.iter() {
+                let (k, v) = item?;
+                let run: RunRecord = decode("runs", &k, &v)?;
+                self.index_run(&run)?;
+            }
+            tracing::info!(runs = self.run_meta.len(), "built the run index");
         }
-        for item in self.runs.iter() {
-            let (k, v) = item?;
-            let run: RunRecord = decode("runs", &k, &v)?;
-            self.index_run(&run)?;
+        if self.meta.get(RUN_COUNT)?.is_none() {
+            let n = self.run_meta.len() as u64;
+            self.meta.insert(RUN_COUNT, &n.to_be_bytes())?;
         }
-        tracing::info!(runs = self.run_meta.len(), "built the run index");
+        Ok(())
+    }
+
+    /// Runs in the index, kept beside it so pruning need not walk every run to know.
+    fn run_count(&self) -> Result<u64> {
+        Ok(self
+            .meta
+            .get(RUN_COUNT)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map_or(0, u64::from_be_bytes))
+    }
+
+    /// Adds `delta` to the run count, atomically against other writers.
+    fn count_runs(&self, delta: i64) -> Result<()> {
+        self.meta.update_and_fetch(RUN_COUNT, |old| {
+            let n = old
+                .and_then(|v| <[u8; 8]>::try_from(v).ok())
+                .map_or(0, u64::from_be_bytes);
+            Some(n.saturating_add_signed(delta).to_be_bytes().to_vec())
+        })?;
         Ok(())
     }
 
@@ -196,8 +219,9 @@ impl SledStore {
         if old.as_deref() == Some(meta.as_bytes()) {
             return Ok(());
         }
-        if let Some(old) = old {
-            self.unindex(&run.run_id, &old)?;
+        match old {
+            Some(old) => self.unindex(&run.run_id, &old)?,
+            None => self.count_runs(1)?,
         }
         for key in index_keys(&run.run_id, &meta) {
             self.run_index.insert(key, &[])?;
@@ -242,8 +266,10 @@ impl Backend for SledStore {
     }
 
     fn put_run(&self, run: &RunRecord) -> Result<()> {
-        self.put(&self.runs, &run.run_id, run)?;
+        // Index first: a crash between the two leaves an index entry without a record
+        // (readers skip it, pruning removes it), never a record pruning cannot see.
         self.index_run(run)?;
+        self.put(&self.runs, &run.run_id, run)?;
         if run.state == RunState::Running {
             self.active.insert(run.run_id.as_bytes(), &[])?;
         } else {
@@ -266,11 +292,15 @@ impl Backend for SledStore {
         let cutoff = (now - chrono::Duration::days(i64::from(retention.days)))
             .format("%Y%m%dT%H%M%S%3f")
             .to_string();
+        // Oldest first, and only as far as the doomed go: the runs beyond the newest
+        // `retention.runs`, and the expired. A walk over every run would pull each
+        // record into memory (tens of MiB with 100,000 runs) to keep almost all of them.
+        let excess = self.run_count()?.saturating_sub(retention.runs as u64);
         let mut doomed = Vec::new();
-        for (newer, key) in self.runs.iter().keys().rev().enumerate() {
+        for (older, key) in self.run_meta.iter().keys().enumerate() {
             let key = key?;
-            if newer < retention.runs && key.as_ref() >= cutoff.as_bytes() {
-                continue;
+            if older as u64 >= excess && key.as_ref() >= cutoff.as_bytes() {
+                break;
             }
             if self.active.contains_key(&key)? || self.review.contains_key(&key)? {
                 continue;
@@ -281,6 +311,7 @@ impl Backend for SledStore {
             self.runs.remove(key)?;
             if let Some(meta) = self.run_meta.remove(key)? {
                 self.unindex(&String::from_utf8_lossy(key), &meta)?;
+                self.count_runs(-1)?;
             }
         }
         if !doomed.is_empty() {
@@ -561,6 +592,9 @@ impl Backend for SledStore {
 }
 
 /// A run's three index keys, from its `state\0workflow` meta.
+/// The `meta` key holding how many runs the index files (a big-endian u64).
+const RUN_COUNT: &str = "run_count";
+
 fn index_keys(run_id: &str, meta: &str) -> [Vec<u8>; 3] {
     let (state, workflow) = meta.split_once('\0').unwrap_or((meta, ""));
     [
@@ -760,5 +794,44 @@ mod tests {
         });
         store.prune_runs(now + chrono::Duration::hours(1)).unwrap();
         assert_eq!(store.runs(&|_| true, usize::MAX).unwrap().len(), 2);
+    }
+
+    /// The count pruning trusts follows new runs (not state changes), prunes and a
+    /// reopen, and a store from before it existed gets one.
+    #[test]
+    fn the_run_count_follows_puts_prunes_and_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids: Vec<String> = (0..5)
+            .map(|i| format!("20261201T00000{i}000-000000"))
+            .collect();
+        {
+            let (store, _) = SledStore::open(dir.path()).unwrap();
+            for id in &ids {
+                store
+                    .put_run(&record(id.clone(), RunState::Running))
+                    .unwrap();
+                store
+                    .put_run(&record(id.clone(), RunState::Success))
+                    .unwrap();
+            }
+            assert_eq!(store.run_count().unwrap(), 5);
+            store.set_retention(Retention {
+                runs: 3,
+                days: 3650,
+            });
+            assert_eq!(store.prune_runs(Utc::now()).unwrap(), 2);
+            assert_eq!(store.run_count().unwrap(), 3);
+            store.meta.remove(RUN_COUNT).unwrap(); // as a store written before the count
+            store.flush().unwrap();
+        }
+        let (store, _) = SledStore::open(dir.path()).unwrap();
+        assert_eq!(store.run_count().unwrap(), 3);
+        let left: Vec<String> = store
+            .runs(&|_| true, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(left, vec![ids[4].clone(), ids[3].clone(), ids[2].clone()]);
     }
 }
