@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::agency::{Case, Receipt, Turn};
 use crate::runner::{InFlight, Waiting};
-use crate::store::{DeadLetter, KeyRecord, RunRecord, RunState};
+use crate::store::{DeadLetter, KeyRecord, Pause, RunRecord, RunState};
 
 /// Bumped whenever a request or response changes shape.
 pub const PROTOCOL: u32 = 1;
@@ -78,6 +78,13 @@ pub enum Request {
     DryRun {
         workflow: String,
     },
+    Pause {
+        workflow: String,
+        reason: Option<String>,
+    },
+    Resume {
+        workflow: String,
+    },
     InDoubtList,
     InDoubtResolve {
         workflow: String,
@@ -123,6 +130,9 @@ pub struct WorkflowRow {
     pub file: PathBuf,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_fire: Option<Value>,
+    /// Set while the workflow is paused: its fires are recorded skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<Pause>,
 }
 
 fn workflow_kind() -> String {
@@ -221,6 +231,13 @@ pub enum Response {
     WentDry {
         workflow: String,
         was_live: bool,
+    },
+    Paused {
+        pause: Pause,
+    },
+    Resumed {
+        /// The pause that was lifted.
+        pause: Pause,
     },
     KeysInDoubt {
         keys: Vec<KeyRecord>,

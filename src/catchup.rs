@@ -181,6 +181,26 @@ pub fn left_undone(state: RunState) -> bool {
     matches!(state, RunState::Interrupted | RunState::Skipped)
 }
 
+/// The slots a schedule owes once its pause is lifted at `now`: those since the pause
+/// began that its catch-up policy keeps (`latest`: the newest inside the window; `all`:
+/// each inside it; `none`: nothing). They were recorded skipped while paused.
+pub fn after_pause(wf: &Workflow, since: DateTime<Utc>, now: DateTime<Utc>) -> Vec<DateTime<Utc>> {
+    let Some(sched) = wf.schedule() else {
+        return Vec::new();
+    };
+    let window = sched.window(now);
+    let fresh: Vec<DateTime<Utc>> = sched
+        .fires_between(since, now)
+        .into_iter()
+        .filter(|s| (now - *s).to_std().map_or(true, |age| age <= window))
+        .collect();
+    match sched.catchup {
+        Catchup::Latest => fresh.last().copied().into_iter().collect(),
+        Catchup::All => fresh,
+        Catchup::None => Vec::new(),
+    }
+}
+
 /// How far apart start-up catch-up runs start.
 pub fn stagger(config: &Config) -> Duration {
     config

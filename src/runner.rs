@@ -5,11 +5,14 @@
 //! an agency case turn — hands a [`Job`] to [`Runner::submit`] and only describes what it
 //! wants. The runner alone applies, in this order: the daemon is still taking work; the
 //! workflow's overlap policy (`skip`, `buffer_one`, `buffer_all`, `cancel_other`,
-//! `allow_all`; a fire not run is recorded `skipped`); the global cap on concurrent runs;
+//! `allow_all`; a fire not run is recorded `skipped`); a pause (a paused workflow's fire is
+//! recorded `skipped` as it would start); the global cap on concurrent runs;
 //! the live/dry decision ([`crate::live::decide`], forced dry-run included), taken when the
-//! run starts; and the in-flight list `steward status` shows. On shutdown it stops taking
-//! work, gives runs their grace, then cancels them: each run kills its step's process
-//! group and cgroup and ends `interrupted` with a runlog `end` line.
+//! run starts; and the in-flight list `steward status` shows. After a run ends failed,
+//! exhausted or stagnated it asks the engine whether the workflow's breaker opens. On
+//! shutdown it stops taking work, gives runs their grace, then cancels them: each run
+//! kills its step's process group and cgroup and ends `interrupted` with a runlog `end`
+//! line.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -255,6 +258,31 @@ impl Runner {
         Ok(live::decide(&status, self.forced_dry_run(), ask, &wf.id)?)
     }
 
+    /// A fire of a paused workflow, recorded skipped as it would have started; None when
+    /// the job may run. An approval is the operator's own act and is not held back.
+    fn paused(&self, job: &Job) -> Option<Outcome> {
+        let Work::Fire { fire, .. } = &job.work else {
+            return None;
+        };
+        let engine = &self.inner.engine;
+        let why = match engine.pause_of(&job.wf.id) {
+            Ok(None) => return None,
+            Ok(Some(p)) => format!(
+                "paused ({}); `steward resume {}` lifts it",
+                crate::governed::pause::describe(&p),
+                job.wf.id
+            ),
+            // Fail closed: a pause that cannot be read may be there.
+            Err(e) => format!("cannot tell whether the workflow is paused: {e}"),
+        };
+        tracing::info!(workflow = %job.wf.id, "fire skipped: {why}");
+        Some(
+            engine
+                .record_skipped(&job.wf, fire.clone(), why)
+                .map_err(RunError::from),
+        )
+    }
+
     /// Carries out a job that holds its place and a permit.
     async fn carry_out(&self, job: Job, cancel: &CancellationToken) -> Outcome {
         let engine = &self.inner.engine;
@@ -304,13 +332,25 @@ impl Runner {
         let this = self.clone();
         self.inner.tracker.spawn(async move {
             let Pending { job, reply } = p;
-            let workflow = job.wf.id.clone();
-            let outcome = match this.inner.permits.clone().acquire_owned().await {
-                Ok(_permit) => this.carry_out(job, &cancel).await,
-                Err(_) => Err(RunError::Stopping),
+            let wf = job.wf.clone();
+            let workflow = wf.id.clone();
+            let outcome = match this.paused(&job) {
+                Some(skipped) => skipped,
+                None => match this.inner.permits.clone().acquire_owned().await {
+                    Ok(_permit) => this.carry_out(job, &cancel).await,
+                    Err(_) => Err(RunError::Stopping),
+                },
             };
-            if let Err(e) = &outcome {
-                tracing::warn!(workflow = %workflow, run = %run_id, "run not carried out: {e}");
+            match &outcome {
+                Err(e) => {
+                    tracing::warn!(workflow = %workflow, run = %run_id, "run not carried out: {e}")
+                }
+                Ok(rec) if rec.state.dead_letters() => {
+                    if let Err(e) = this.inner.engine.check_breaker(&wf) {
+                        tracing::error!(workflow = %workflow, "cannot check the breaker: {e}");
+                    }
+                }
+                Ok(_) => {}
             }
             // Free the slot first: a submitter that fires again as soon as it hears the
             // outcome (a queue or file task) must not find its own finished run "active"

@@ -8,7 +8,11 @@
 //!    same workflow is recorded `skipped` (`overlap = "skip"`), and a run of another
 //!    workflow waits for the global cap (its maker never starts);
 //! 3. SIGTERM stops the daemon within the grace, no process of the run's group is left,
-//!    and the runlog has the run's `end: interrupted` line.
+//!    and the runlog has the run's `end: interrupted` line;
+//!
+//! and before those, while `steward pause` holds the workflow, the road's fire is recorded
+//! `skipped` and its maker never starts (not for an operator's approval, which a pause
+//! does not hold back, nor a case turn, whose member run is the case's to settle).
 //!
 //! The road's run is held at a gate (a script that notes its pid and its child's, then
 //! waits for a `release` file), so each check happens while the run is provably running.
@@ -108,6 +112,9 @@ fn go_live(env: &Env, id: &str) {
 }
 
 /// What a road does, described for [`exercise`].
+/// A check on what a road did: the env, the road's subject, its client's output.
+type Check = dyn Fn(&Env, &str, Option<Output>);
+
 struct Road<'a> {
     /// Before the phase (and, in phase 0, before SIGUSR1): makes what the road acts on
     /// (a review item, a dead letter, a marker, a case) and returns its id.
@@ -118,6 +125,9 @@ struct Road<'a> {
     check_dry: &'a dyn Fn(&Env, &str, Option<Output>),
     /// After the daemon stopped in phase 1.
     after_stop: &'a dyn Fn(&Env, &str),
+    /// Run first, while `W` is paused: the road's run was recorded skipped, its maker never
+    /// started. None where a pause does not hold the road back (an operator's approval).
+    paused: Option<&'a Check>,
 }
 
 fn wait_client(child: Option<Child>) -> Option<Output> {
@@ -151,8 +161,24 @@ fn exercise(env: &Env, road: &Road) {
     other_workflow(env);
     let mut d = env.daemon(&["--max-concurrent", "1", "--grace", "1"]);
 
-    // Phase 0: the brake is on; the gate is open.
+    // The gate stays open until phase 1: a run the pause failed to hold back ends (and
+    // fails the check) instead of waiting at the gate.
     std::fs::write(env.path("release"), "").unwrap();
+
+    // Paused: the road's fire is recorded skipped; its maker never starts.
+    if let Some(check) = road.paused {
+        let subject = (road.prepare)(env, 2);
+        let paused = env.steward(&["pause", W, "--reason", "road test"]);
+        assert_eq!(paused.code, 0, "{paused}");
+        let before = gated_pids(env);
+        let out = wait_client((road.start)(env, &subject));
+        check(env, &subject, out);
+        assert_eq!(gated_pids(env), before, "a paused workflow's maker started");
+        let resumed = env.steward(&["resume", W]);
+        assert_eq!(resumed.code, 0, "{resumed}");
+    }
+
+    // Phase 0: the brake is on; the gate is open.
     let subject = (road.prepare)(env, 0);
     d.signal(Signal::SIGUSR1);
     wait_for("forced dry-run", Duration::from_secs(5), || {
@@ -226,6 +252,20 @@ fn exercise(env: &Env, road: &Road) {
     (road.after_stop)(env, &subject);
 }
 
+/// The newest run of `W` was skipped because `W` is paused (waited for: some roads have
+/// no client to wait on).
+fn skipped_while_paused(env: &Env, _: &str, _: Option<Output>) {
+    wait_for(
+        "the paused fire's skipped record",
+        Duration::from_secs(20),
+        || {
+            runs_of(env, W).last().is_some_and(|r| {
+                r["state"] == "skipped" && r["reason"].as_str().unwrap_or("").contains("paused")
+            })
+        },
+    );
+}
+
 fn nothing(_: &Env, _: usize) -> String {
     String::new()
 }
@@ -252,6 +292,7 @@ fn manual_runs_over_the_socket_take_the_one_road() {
                 newest_run_forced_dry(env);
             },
             after_stop: &no_check,
+            paused: Some(&skipped_while_paused),
         },
     );
 }
@@ -304,6 +345,7 @@ fn review_approvals_take_the_one_road() {
                 let rec = env.steward(&["show", run, "--json"]).json();
                 assert_eq!(rec["state"], "interrupted", "{rec:#}");
             },
+            paused: None,
         },
     );
 }
@@ -370,6 +412,7 @@ fn case_turns_advanced_by_hand_take_the_one_road() {
                 newest_run_forced_dry(env);
             },
             after_stop: &case_kept_the_turn,
+            paused: None,
         },
     );
 }
@@ -400,6 +443,7 @@ fn the_daemons_scheduled_case_driver_takes_the_one_road() {
                 newest_run_forced_dry(env);
             },
             after_stop: &|env, _| case_kept_the_turn(env, "c1"),
+            paused: None,
         },
     );
 }
@@ -430,6 +474,7 @@ fn digest_agent_runs_take_the_one_road() {
             start: &|env, _| Some(env.spawn(&["digest", W, "--json"])),
             check_dry: &forced_dry,
             after_stop: &no_check,
+            paused: Some(&skipped_while_paused),
         },
     );
 }
@@ -458,6 +503,7 @@ fn queue_marker_drains_take_the_one_road() {
             start: &|env, _| Some(env.spawn(&["drain"])),
             check_dry: &forced_dry,
             after_stop: &no_check,
+            paused: Some(&skipped_while_paused),
         },
     );
 }
@@ -486,6 +532,7 @@ fn dead_letter_retries_take_the_one_road() {
             start: &|env, run| Some(env.spawn(&["dead-letter", "retry", run, "--json"])),
             check_dry: &forced_dry,
             after_stop: &no_check,
+            paused: Some(&skipped_while_paused),
         },
     );
 }

@@ -193,6 +193,16 @@ pub enum Command {
     /// Withdraw go-live: the workflow runs dry again
     #[command(name = "dry-run")]
     DryRun { workflow: String },
+    /// Pause a workflow: its fires are recorded skipped until `steward resume`
+    Pause {
+        workflow: String,
+        /// Why, for `list`, `status` and the runlog
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Lift a pause (the operator's or the breaker's); a schedule's catch-up policy then
+    /// decides whether the slots it skipped run
+    Resume { workflow: String },
     /// Idempotency keys left in doubt by a crash, and settling them
     #[command(subcommand, name = "in-doubt")]
     InDoubt(InDoubtCmd),

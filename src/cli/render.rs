@@ -174,6 +174,16 @@ pub fn workflows_table(out: &mut String, rows: &[Value]) {
             r["description"].as_str().unwrap_or("")
         );
         wln!(out, "{:<22} {}", "", r["mode"].as_str().unwrap_or(""));
+        if let Some(p) = r["paused"].as_object() {
+            wln!(
+                out,
+                "{:<22} PAUSED by {} since {}: {}",
+                "",
+                p.get("cause").and_then(Value::as_str).unwrap_or(""),
+                p.get("since").and_then(Value::as_str).unwrap_or(""),
+                p.get("reason").and_then(Value::as_str).unwrap_or("")
+            );
+        }
         if let Some(n) = r["next_fire"].as_object() {
             wln!(
                 out,

@@ -109,6 +109,8 @@ pub fn of(command: Command) -> Result<(Request, View)> {
         C::Reject { run, reason } => (Request::Reject { run, reason }, View::default()),
         C::GoLive { workflow } => (Request::GoLive { workflow }, View::default()),
         C::DryRun { workflow } => (Request::DryRun { workflow }, View::default()),
+        C::Pause { workflow, reason } => (Request::Pause { workflow, reason }, View::default()),
+        C::Resume { workflow } => (Request::Resume { workflow }, View::default()),
         C::InDoubt(InDoubtCmd::List { json }) => (Request::InDoubtList, view(json)),
         C::InDoubt(InDoubtCmd::Resolve {
             workflow,

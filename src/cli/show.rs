@@ -142,6 +142,20 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
             out,
             "{workflow} was not approved for go-live: it stays dry-run"
         ),
+        R::Paused { pause } => wln!(
+            out,
+            "{} is paused ({}): its fires are recorded skipped until `steward resume {}`",
+            pause.workflow,
+            pause.reason,
+            pause.workflow
+        ),
+        R::Resumed { pause } => wln!(
+            out,
+            "{} resumed (it was paused by {}: {})",
+            pause.workflow,
+            pause.cause.name(),
+            pause.reason
+        ),
         R::KeysInDoubt { keys } if view.json => pretty(out, keys),
         R::KeysInDoubt { keys } if keys.is_empty() => {
             wln!(out, "no idempotency key is in doubt")

@@ -413,6 +413,7 @@ fn workflow_for(
             ..step("email")
         }),
         retry: Retry::default(),
+        breaker_after: None,
         env: BTreeMap::new(),
         cwd: root.to_path_buf(),
         file: agent.file.clone(),

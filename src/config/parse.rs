@@ -109,6 +109,15 @@ struct RawWorkflow {
     env: BTreeMap<String, EnvValue>,
     #[serde(default)]
     sandbox: Option<super::sandbox::SandboxSettings>,
+    #[serde(default)]
+    breaker: Option<Spanned<RawBreaker>>,
+}
+
+/// `[breaker]`: pause the workflow after this many failing runs in a row.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBreaker {
+    after: u32,
 }
 
 /// Loads and validates one workflow file. `root` is the config folder that relative
@@ -233,6 +242,15 @@ impl Validator<'_> {
                     _ => None,
                 });
         let sandbox_own = raw.sandbox.unwrap_or_default();
+        let breaker_after = raw.breaker.map(|b| {
+            if b.get_ref().after == 0 {
+                self.err(
+                    b.span(),
+                    "breaker.after must be at least 1 (runs failing in a row before the workflow is paused)",
+                );
+            }
+            b.into_inner().after
+        });
         Some(Workflow {
             id,
             description: raw.description.unwrap_or_default(),
@@ -250,6 +268,7 @@ impl Validator<'_> {
             cwd,
             file: self.file.to_path_buf(),
             config_hash,
+            breaker_after,
             agent: None,
             sandbox: super::sandbox::Sandbox::layered(&Default::default(), &sandbox_own, root),
             sandbox_own,

@@ -214,6 +214,9 @@ pub struct Workflow {
     pub file: PathBuf,
     /// sha256 of the file's bytes: what a go-live approval is bound to.
     pub config_hash: String,
+    /// `[breaker] after = N`: paused after N runs in a row end failed, exhausted or
+    /// stagnated (see [`crate::governed::pause`]).
+    pub breaker_after: Option<u32>,
     /// Set when this workflow is a digest agent's run (see [`crate::agent`]).
     pub agent: Option<String>,
     /// `memory_max`, `pids_max`, `cpu_weight` of its `[budget]`: the maker's and checker's

@@ -139,4 +139,28 @@ impl crate::service::Daemon for Shared {
     fn enqueue(&self, queue: &str, payload: &Value) -> Result<String> {
         Shared::enqueue(self, queue, payload)
     }
+
+    fn catch_up_after_pause(&self, wf: &Arc<Workflow>, pause: &crate::store::Pause) {
+        let slots = crate::catchup::after_pause(wf, pause.since, chrono::Utc::now());
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !slots.is_empty() {
+            tracing::info!(workflow = %wf.id, runs = slots.len(), "resumed: catching up the slots skipped while paused");
+        }
+        let (runner, wf) = (self.runner.clone(), wf.clone());
+        rt.spawn(async move {
+            // One after the other, as a drain does: the overlap policy still applies.
+            for slot in slots {
+                let fire = Fire::new(
+                    "schedule",
+                    Some(slot),
+                    serde_json::json!({ "catchup": true, "after_pause": true }),
+                );
+                if let Err(e) = runner.run(Job::fire(wf.clone(), fire, Ask::Auto)).await {
+                    tracing::warn!(workflow = %wf.id, "catch-up after the pause not run: {e}");
+                }
+            }
+        });
+    }
 }

@@ -100,6 +100,7 @@ pub async fn overview(State(d): State<Arc<Dashboard>>) -> Response {
             queue => queue,
             live => row.live,
             mode => row.mode,
+            paused => row.paused,
             next_fire => row.next_fire.as_ref().and_then(|n| n.get("local")).and_then(|v| v.as_str()),
             last => strip.first().cloned(),
             strip => strip,

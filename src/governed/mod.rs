@@ -13,12 +13,13 @@
 //! The parts: `machine` (the run's phases, its one transition function and its one
 //! terminal write), [`outcome`] (how a run ends, and how a step's outcome is read),
 //! `steps` (one step, recorded), `env` (what steps get), `operator` (go-live, reject,
-//! in-doubt).
+//! in-doubt), [`pause`] (pause, resume, the circuit breaker).
 
 mod env;
 mod machine;
 mod operator;
 pub mod outcome;
+pub mod pause;
 mod steps;
 
 use std::path::{Path, PathBuf};

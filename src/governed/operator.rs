@@ -136,17 +136,29 @@ impl Engine {
         Ok(())
     }
 
-    fn log_operator(&self, workflow: &str, step: &str, detail: &str) -> Result<()> {
+    pub(super) fn log_operator(&self, workflow: &str, step: &str, detail: &str) -> Result<()> {
+        let detail = format!("{detail} (by {})", operator());
+        self.log_workflow(workflow, step, "operator", &detail)
+    }
+
+    /// A runlog line about a workflow rather than one of its runs.
+    pub(super) fn log_workflow(
+        &self,
+        workflow: &str,
+        step: &str,
+        status: &str,
+        detail: &str,
+    ) -> Result<()> {
         let e = Entry {
             ts: Utc::now(),
             run_id: String::new(),
             workflow: workflow.to_string(),
             attempt: 0,
             step: step.to_string(),
-            status: "operator".to_string(),
+            status: status.to_string(),
             figures: None,
             duration_ms: None,
-            detail: format!("{detail} (by {})", operator()),
+            detail: detail.to_string(),
             data: None,
         };
         self.runlog.record(&e, &Redactor::default())?;
@@ -155,7 +167,7 @@ impl Engine {
 }
 
 /// Who is acting: the login name, for approvals and the runlog.
-fn operator() -> String {
+pub(super) fn operator() -> String {
     std::env::var("SUDO_USER")
         .or_else(|_| std::env::var("USER"))
         .or_else(|_| std::env::var("LOGNAME"))

@@ -25,6 +25,8 @@ pub trait Daemon: Send + Sync {
     fn dashboard_listen(&self) -> Option<String>;
     /// Puts an item on a queue and wakes the queue's trigger.
     fn enqueue(&self, queue: &str, payload: &Value) -> anyhow::Result<String>;
+    /// A pause was lifted: runs the slots the schedule's catch-up policy owes for it.
+    fn catch_up_after_pause(&self, wf: &Arc<Workflow>, pause: &crate::store::Pause);
 }
 
 /// The config a daemon runs on, when it was loaded, and the errors of a later edit that

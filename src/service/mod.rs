@@ -33,6 +33,8 @@ impl Service {
             R::Enqueue { queue, payload } => workflows::enqueue(self, &queue, &payload),
             R::List => workflows::list(self),
             R::GoLive { workflow } => workflows::go_live(self, &workflow),
+            R::Pause { workflow, reason } => workflows::pause(self, &workflow, reason.as_deref()),
+            R::Resume { workflow } => workflows::resume(self, &workflow),
             R::DryRun { workflow } => workflows::dry_run(self, &workflow),
             R::InDoubtList => workflows::in_doubt(self),
             R::InDoubtResolve {

@@ -36,6 +36,7 @@ fn rows(service: &Service, config: &Config) -> anyhow::Result<Vec<WorkflowRow>> 
             description: wf.description.clone(),
             file: wf.file.clone(),
             next_fire: wf.next_fire_json(),
+            paused: service.engine.pause_of(&wf.id)?,
         });
     }
     Ok(rows)
@@ -141,6 +142,7 @@ fn agency_rows(config: &Config) -> Vec<WorkflowRow> {
                 description: a.mandate.clone(),
                 file: a.file.clone(),
                 next_fire: schedule.and_then(|s| s.next_fire_json()),
+                paused: None,
             }
         })
         .collect()
@@ -165,6 +167,26 @@ pub(super) fn dry_run(service: &Service, workflow: &str) -> Handled {
         workflow: wf.id.clone(),
         was_live: service.engine.dry_run(&wf)?,
     })
+}
+
+pub(super) fn pause(service: &Service, workflow: &str, reason: Option<&str>) -> Handled {
+    let config = service.config()?;
+    let wf = service.workflow(&config, workflow)?;
+    Ok(Response::Paused {
+        pause: service.engine.pause(&wf.id, reason)?,
+    })
+}
+
+/// Lifts the pause; a paused schedule's catch-up policy then decides what runs (the
+/// daemon runs it, see [`crate::catchup::after_pause`]).
+pub(super) fn resume(service: &Service, workflow: &str) -> Handled {
+    let config = service.config()?;
+    let wf = service.workflow(&config, workflow)?;
+    let pause = service.engine.resume(&wf.id)?;
+    if let Some(daemon) = &service.daemon {
+        daemon.catch_up_after_pause(&wf, &pause);
+    }
+    Ok(Response::Resumed { pause })
 }
 
 pub(super) fn in_doubt(service: &Service) -> Handled {

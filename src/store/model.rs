@@ -224,6 +224,36 @@ pub struct Approval {
     pub approved_by: String,
 }
 
+/// Why a workflow is paused: its fires are recorded `skipped` until an operator resumes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseCause {
+    /// `steward pause`.
+    Operator,
+    /// `[breaker]`: too many failing runs in a row.
+    Breaker,
+}
+
+impl PauseCause {
+    pub fn name(self) -> &'static str {
+        match self {
+            PauseCause::Operator => "operator",
+            PauseCause::Breaker => "breaker",
+        }
+    }
+}
+
+/// A paused workflow: since when, why, by whom.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pause {
+    pub workflow: String,
+    pub cause: PauseCause,
+    /// The operator's `--reason`, or what tripped the breaker.
+    pub reason: String,
+    pub since: DateTime<Utc>,
+    pub by: String,
+}
+
 /// What [`Store::open`] found left over from a crash.
 #[derive(Debug, Default, Clone)]
 pub struct Recovery {
@@ -278,8 +308,8 @@ pub fn run_id_prefix(t: DateTime<Utc>) -> String {
     t.format("%Y%m%dT%H%M%S%3f").to_string()
 }
 
-/// Finished runs recorded between two retention sweeps: a sweep reads every run key, so
-/// it runs now and then, not per run.
+/// Finished runs recorded between two retention sweeps: a sweep walks the oldest index
+/// entries, so it runs now and then, not per run.
 pub(crate) const PRUNE_EVERY: u64 = 1_000;
 
 /// Everything steward keeps, as operations. Implemented by [`sled_store::SledStore`].
@@ -374,4 +404,12 @@ pub trait Backend: Send + Sync {
     fn approve_go_live(&self, approval: &Approval) -> Result<()>;
 
     fn revoke_go_live(&self, workflow: &str) -> Result<bool>;
+
+    // ---- pauses ----
+    fn pause(&self, pause: &Pause) -> Result<()>;
+
+    /// Lifts a pause; returns it, or None when the workflow was not paused.
+    fn resume(&self, workflow: &str) -> Result<Option<Pause>>;
+
+    fn paused(&self, workflow: &str) -> Result<Option<Pause>>;
 }

@@ -35,6 +35,8 @@ pub struct SledStore {
     run_meta: sled::Tree,
     /// Empty values under `w\0WORKFLOW\0ID`, `s\0STATE\0ID`, `x\0WORKFLOW\0STATE\0ID`.
     run_index: sled::Tree,
+    /// Workflow id → [`Pause`], for each paused workflow.
+    pauses: sled::Tree,
 }
 
 /// ` (pid N: cmdline)` for the processes that hold `dir` open, as far as /proc shows.
@@ -129,6 +131,7 @@ impl SledStore {
             case_events: db.open_tree("case_events")?,
             run_meta: db.open_tree("run_meta")?,
             run_index: db.open_tree("run_index")?,
+            pauses: db.open_tree("pauses")?,
             db,
         };
         store.build_run_index()?;
@@ -589,12 +592,27 @@ impl Backend for SledStore {
     fn revoke_go_live(&self, workflow: &str) -> Result<bool> {
         Ok(self.approvals.remove(workflow.as_bytes())?.is_some())
     }
+
+    fn pause(&self, pause: &Pause) -> Result<()> {
+        self.put(&self.pauses, &pause.workflow, pause)
+    }
+
+    fn resume(&self, workflow: &str) -> Result<Option<Pause>> {
+        match self.pauses.remove(workflow.as_bytes())? {
+            Some(v) => Ok(Some(decode("pauses", workflow.as_bytes(), &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn paused(&self, workflow: &str) -> Result<Option<Pause>> {
+        get(&self.pauses, "pauses", workflow)
+    }
 }
 
-/// A run's three index keys, from its `state\0workflow` meta.
 /// The `meta` key holding how many runs the index files (a big-endian u64).
 const RUN_COUNT: &str = "run_count";
 
+/// A run's three index keys, from its `state\0workflow` meta.
 fn index_keys(run_id: &str, meta: &str) -> [Vec<u8>; 3] {
     let (state, workflow) = meta.split_once('\0').unwrap_or((meta, ""));
     [
