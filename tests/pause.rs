@@ -5,6 +5,8 @@
 
 mod util;
 
+use std::time::Duration;
+
 use util::{Env, Spec};
 
 /// A maker that fails while `fail` exists and notes each start in `started`.
@@ -120,4 +122,46 @@ fn an_operators_pause_names_its_reason_and_is_refused_twice() {
     assert!(twice.stderr.contains("not paused"), "{twice}");
     let unknown = env.steward(&["pause", "nope"]);
     assert_ne!(unknown.code, 0, "{unknown}");
+}
+
+/// A queue item that arrives while its workflow is paused waits for the resume: one
+/// skipped record, not one per retry, and it runs once resumed.
+#[test]
+fn a_queue_item_waits_out_a_pause_and_runs_once_resumed() {
+    let env = Env::new();
+    env.workflow(
+        &Spec::new(
+            "w",
+            "cat >/dev/null\necho x >> \"$MARKS/started\"\necho '{}'\n",
+        )
+        .trigger("queue = \"q\""),
+    );
+    let _d = env.daemon(&[]);
+    assert_eq!(env.steward(&["pause", "w"]).code, 0);
+    let out = env.steward(&["enqueue", "q", "--payload", "{\"n\":1}"]);
+    assert_eq!(out.code, 0, "{out}");
+    let skipped = || {
+        util::runs_of(&env, "w")
+            .iter()
+            .filter(|r| r["state"] == "skipped")
+            .count()
+    };
+    util::wait_for(
+        "the paused item's skipped record",
+        Duration::from_secs(10),
+        || skipped() >= 1,
+    );
+    // Several of the queue's 200 ms retries would have passed by now.
+    let later = std::time::Instant::now() + Duration::from_millis(1500);
+    util::wait_for("time to pass", Duration::from_secs(5), || {
+        std::time::Instant::now() >= later
+    });
+    assert_eq!(skipped(), 1, "a skipped record per retry while paused");
+    assert_eq!(starts(&env), 0);
+    assert_eq!(env.steward(&["resume", "w"]).code, 0);
+    util::wait_for(
+        "the item's run after the resume",
+        Duration::from_secs(10),
+        || starts(&env) == 1,
+    );
 }

@@ -106,6 +106,13 @@ fn submitter(
             // per retry.
             if rec.as_ref().is_some_and(|r| r.state == RunState::Skipped) {
                 shared.runner.idle(&id).await;
+                // Paused: the item waits for the resume, recorded skipped once, not once
+                // per retry (until the daemon stops taking work).
+                while shared.runner.accepting()
+                    && matches!(shared.engine.pause_of(&id), Ok(Some(_)))
+                {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
             }
             rec
         })
