@@ -786,9 +786,9 @@ fn growth(dir: &Path, a: usize, b: usize) -> ((f64, StateBytes), (f64, StateByte
     )
 }
 
-/// One GET on its own connection (as a browser's first visit makes it): the status and
-/// the seconds until the last byte.
-fn http_get(addr: &str, path: &str, cookie: &str) -> (u16, f64) {
+/// One GET on its own connection (as a browser's first visit makes it): the status, the
+/// seconds until the last byte, and the response as text.
+fn http_get(addr: &str, path: &str, cookie: &str) -> (u16, f64, String) {
     let t = Instant::now();
     let mut conn = std::net::TcpStream::connect(addr).unwrap();
     write!(
@@ -798,13 +798,14 @@ fn http_get(addr: &str, path: &str, cookie: &str) -> (u16, f64) {
     .unwrap();
     let mut raw = Vec::new();
     conn.read_to_end(&mut raw).unwrap();
-    let head = String::from_utf8_lossy(&raw[..raw.len().min(64)]).into_owned();
-    let status = head
+    let secs = t.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    (status, t.elapsed().as_secs_f64())
+    (status, secs, text)
 }
 
 /// The dashboard's figures on one store: p99-ready samples (ms) of the overview, the runs
@@ -875,14 +876,7 @@ fn dashboard(dir: &Path, n: usize, samples: usize, idle: Duration) -> Board {
     let addr = v["listen"].as_str().unwrap().to_string();
     let token = v["url"].as_str().unwrap().split("token=").nth(1).unwrap();
     let cookie = {
-        let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-        write!(
-            conn,
-            "GET /?token={token} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut head = String::new();
-        conn.read_to_string(&mut head).unwrap();
+        let (_, _, head) = http_get(&addr, &format!("/?token={token}"), "");
         let line = head
             .lines()
             .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
@@ -899,7 +893,7 @@ fn dashboard(dir: &Path, n: usize, samples: usize, idle: Duration) -> Board {
     let sample = |path: &str, cookie: &str| -> Vec<f64> {
         (0..samples)
             .map(|_| {
-                let (status, secs) = http_get(&addr, path, cookie);
+                let (status, secs, _) = http_get(&addr, path, cookie);
                 assert_eq!(status, 200, "{path}");
                 secs * 1e3
             })

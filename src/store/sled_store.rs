@@ -686,6 +686,16 @@ mod tests {
         }
     }
 
+    /// Every run id the store holds, newest first.
+    fn run_ids(store: &dyn Backend) -> Vec<String> {
+        store
+            .runs(&|_| true, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect()
+    }
+
     /// The page is what a scan of every record with the same filter would give, in the
     /// same order; a state change moves a run between index entries; pruning drops them.
     #[test]
@@ -794,12 +804,7 @@ mod tests {
 
         store.set_retention(Retention { runs: 12, days: 30 });
         let pruned = store.prune_runs(now).unwrap();
-        let left: Vec<String> = store
-            .runs(&|_| true, usize::MAX)
-            .unwrap()
-            .into_iter()
-            .map(|r| r.run_id)
-            .collect();
+        let left = run_ids(&*store);
         let mut expected: Vec<String> = (0..12).map(id).collect();
         expected.extend([id(970), id(971)]);
         assert_eq!(left, expected, "newest 12 kept, plus reviewed and running");
@@ -844,12 +849,7 @@ mod tests {
         }
         let (store, _) = SledStore::open(dir.path()).unwrap();
         assert_eq!(store.run_count().unwrap(), 3);
-        let left: Vec<String> = store
-            .runs(&|_| true, usize::MAX)
-            .unwrap()
-            .into_iter()
-            .map(|r| r.run_id)
-            .collect();
+        let left = run_ids(&store);
         assert_eq!(left, vec![ids[4].clone(), ids[3].clone(), ids[2].clone()]);
     }
 }
