@@ -85,6 +85,12 @@ pub enum Request {
     Resume {
         workflow: String,
     },
+    /// What became of a slot (`at`, default: the last) or of each since a span ago.
+    Why {
+        workflow: String,
+        at: Option<String>,
+        since: Option<String>,
+    },
     InDoubtList,
     InDoubtResolve {
         workflow: String,
@@ -238,6 +244,12 @@ pub enum Response {
     Resumed {
         /// The pause that was lifted.
         pause: Pause,
+    },
+    Why {
+        workflow: String,
+        /// The zone slots are shown in (the schedule's).
+        timezone: String,
+        entries: Vec<crate::ledger::Entry>,
     },
     KeysInDoubt {
         keys: Vec<KeyRecord>,

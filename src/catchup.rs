@@ -104,7 +104,29 @@ pub fn missed_while_down(engine: &Engine, config: &Config, now: DateTime<Utc>) -
             .filter(|s| (now - *s).to_std().map_or(true, |age| age <= window))
             .collect();
         tracing::warn!(workflow = %wf.id, missed = missed.len(), within_window = fresh.len(), "fires missed while steward was down");
-        record_missed(engine, wf, &missed, |slot| sched.local(slot));
+        // With `latest`, the one run for the newest slot in the window stands for the
+        // older ones: they were coalesced into it (`steward why` says so).
+        let runs_for = match sched.catchup {
+            Catchup::Latest => fresh.last().copied(),
+            _ => None,
+        };
+        record_missed(engine, wf, &missed, runs_for, |slot| sched.local(slot));
+        engine.alerts.raise(crate::alert::Alert::new(
+            crate::alert::Event::Missed,
+            &wf.id,
+            format!(
+                "{} slot(s) passed while steward was not running, the newest at {}; catchup = {} {}",
+                missed.len(),
+                sched.local(newest),
+                sched.catchup.name(),
+                match (sched.catchup, fresh.is_empty()) {
+                    (Catchup::None, _) => "runs none of them".to_string(),
+                    (_, true) => "runs none: all are older than the catch-up window".to_string(),
+                    (Catchup::Latest, false) => "runs the newest inside the window".to_string(),
+                    (Catchup::All, false) => format!("runs the {} inside the window", fresh.len()),
+                }
+            ),
+        ));
         match sched.catchup {
             Catchup::Latest => {
                 if let Some(&slot) = fresh.last() {
@@ -137,11 +159,20 @@ fn record_missed(
     engine: &Engine,
     wf: &Workflow,
     missed: &[DateTime<Utc>],
+    runs_for: Option<DateTime<Utc>>,
     local: impl Fn(DateTime<Utc>) -> String,
 ) {
     for slot in missed.iter().rev().take(MAX_MISSED_RECORDS) {
-        let fire = Fire::new("schedule", Some(*slot), json!({ "missed": true }));
-        let why = format!("missed: steward was not running at {}", local(*slot));
+        let mut fields = json!({ "missed": true });
+        let mut why = format!("missed: steward was not running at {}", local(*slot));
+        if let Some(run_slot) = runs_for.filter(|r| r > slot) {
+            fields["coalesced_into"] = json!(run_slot.to_rfc3339());
+            why.push_str(&format!(
+                "; coalesced into the catch-up run for {}",
+                local(run_slot)
+            ));
+        }
+        let fire = Fire::new("schedule", Some(*slot), fields);
         if let Err(e) = engine.record_missed(wf, fire, why) {
             tracing::error!(workflow = %wf.id, "cannot record a missed fire: {e}");
         }

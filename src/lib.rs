@@ -34,6 +34,7 @@
 
 pub mod agency;
 pub mod agent;
+pub mod alert;
 pub mod api;
 pub mod budget;
 pub mod catchup;
@@ -45,8 +46,10 @@ pub mod control_socket;
 pub mod daemon;
 pub mod dashboard;
 pub mod drain;
+pub mod expect;
 pub mod governed;
 pub mod helper;
+pub mod ledger;
 pub mod limits;
 pub mod live;
 pub mod metrics;

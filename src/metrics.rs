@@ -32,6 +32,12 @@ struct WorkflowLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PauseLabels {
+    workflow: String,
+    cause: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SpendLabels {
     workflow: String,
     kind: &'static str,
@@ -64,6 +70,7 @@ pub struct Metrics {
     spend: Family<SpendLabels, FloatCounter>,
     queue_depth: Family<QueueLabel, Gauge>,
     last_success: Family<WorkflowLabel, FloatGauge>,
+    paused: Family<PauseLabels, Gauge>,
     dead_letters: Gauge,
     review_waiting: Gauge,
     keys_in_doubt: Gauge,
@@ -85,6 +92,8 @@ pub struct Snapshot {
     pub queues: Vec<(String, usize)>,
     /// Each workflow's last successful run's end, in Unix seconds.
     pub last_success: Vec<(String, f64)>,
+    /// Each paused workflow, with who paused it (`operator`, `breaker`, `budget`).
+    pub paused: Vec<(String, &'static str)>,
 }
 
 impl Default for Metrics {
@@ -103,6 +112,7 @@ impl Metrics {
             spend: Family::default(),
             queue_depth: Family::default(),
             last_success: Family::default(),
+            paused: Family::default(),
             dead_letters: Gauge::default(),
             review_waiting: Gauge::default(),
             keys_in_doubt: Gauge::default(),
@@ -140,6 +150,11 @@ impl Metrics {
             "last_success_timestamp_seconds",
             "When each workflow's last successful run ended (Unix time)",
             m.last_success.clone(),
+        );
+        registry.register(
+            "paused",
+            "1 for each paused workflow, labelled by what paused it (operator, breaker, budget)",
+            m.paused.clone(),
         );
         registry.register(
             "dead_letters",
@@ -233,6 +248,15 @@ impl Metrics {
                     queue: queue.clone(),
                 })
                 .set(*depth as i64);
+        }
+        self.paused.clear();
+        for (workflow, cause) in &s.paused {
+            self.paused
+                .get_or_create(&PauseLabels {
+                    workflow: workflow.clone(),
+                    cause,
+                })
+                .set(1);
         }
         self.last_success.clear();
         for (workflow, at) in &s.last_success {

@@ -8,8 +8,8 @@
 //! `allow_all`; a fire not run is recorded `skipped`); a pause (a paused workflow's fire is
 //! recorded `skipped` as it would start); the global cap on concurrent runs;
 //! the live/dry decision ([`crate::live::decide`], forced dry-run included), taken when the
-//! run starts; and the in-flight list `steward status` shows. After a run ends failed,
-//! exhausted or stagnated it asks the engine whether the workflow's breaker opens. On
+//! run starts; and the in-flight list `steward status` shows. After a run ends it hands
+//! it to [`Engine::after_run`]: the breaker, the spend window, the alerts. On
 //! shutdown it stops taking work, gives runs their grace, then cancels them: each run
 //! kills its step's process group and cgroup and ends `interrupted` with a runlog `end`
 //! line.
@@ -345,12 +345,8 @@ impl Runner {
                 Err(e) => {
                     tracing::warn!(workflow = %workflow, run = %run_id, "run not carried out: {e}")
                 }
-                Ok(rec) if rec.state.dead_letters() => {
-                    if let Err(e) = this.inner.engine.check_breaker(&wf) {
-                        tracing::error!(workflow = %workflow, "cannot check the breaker: {e}");
-                    }
-                }
-                Ok(_) => {}
+                // The breaker, the spend window and the alerts this end calls for.
+                Ok(rec) => this.inner.engine.after_run(&wf, rec),
             }
             // Free the slot first: a submitter that fires again as soon as it hears the
             // outcome (a queue or file task) must not find its own finished run "active"

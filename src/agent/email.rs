@@ -278,7 +278,7 @@ pub async fn send(
     d
 }
 
-fn transport(smtp: &Smtp) -> Result<AsyncSmtpTransport<Tokio1Executor>, String> {
+pub(crate) fn transport(smtp: &Smtp) -> Result<AsyncSmtpTransport<Tokio1Executor>, String> {
     let mut b = match smtp.security {
         SmtpSecurity::Plain => {
             let loopback = matches!(smtp.host.as_str(), "localhost" | "127.0.0.1" | "::1");

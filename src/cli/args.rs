@@ -203,6 +203,19 @@ pub enum Command {
     /// Lift a pause (the operator's or the breaker's); a schedule's catch-up policy then
     /// decides whether the slots it skipped run
     Resume { workflow: String },
+    /// Why a slot did or did not run: fired (its run), skipped (overlap, paused, breaker,
+    /// budget, forced dry-run), missed (steward was down), caught-up or coalesced
+    Why {
+        workflow: String,
+        /// The slot at or before this time (default: the last): RFC 3339, `2026-12-04
+        /// 09:00` or `09:00` (today), in the schedule's time zone
+        time: Option<String>,
+        /// Every slot and fire since this long ago instead (`24h`, `90m`, `7days`)
+        #[arg(long, conflicts_with = "time")]
+        since: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Idempotency keys left in doubt by a crash, and settling them
     #[command(subcommand, name = "in-doubt")]
     InDoubt(InDoubtCmd),

@@ -46,7 +46,7 @@ impl Preview {
 pub fn expression(expr: &str, tz: Option<&str>, preview: &Preview) -> Result<i32> {
     let zone = parse_zone(tz.unwrap_or("UTC")).map_err(|e| anyhow!("--tz: {e}"))?;
     let calendar = Calendar::parse(expr, zone).map_err(|e| anyhow!("{e}"))?;
-    show(expr, &calendar, preview)
+    show(expr, &calendar, std::time::Duration::ZERO, preview)
 }
 
 /// `steward next WORKFLOW`: a workflow's (or a digest agent's, or an agency's) schedule,
@@ -54,8 +54,10 @@ pub fn expression(expr: &str, tz: Option<&str>, preview: &Preview) -> Result<i32
 pub fn workflow(config_dir: &Path, id: &str, preview: &Preview) -> Result<i32> {
     let cfg = crate::service::load_config(config_dir)?;
     let spec = schedule_of(&cfg, id)?;
-    let schedule = Schedule::parse(spec).map_err(|e| anyhow!("{id}: {e}"))?;
-    show(&spec.cron, &schedule.calendar, preview)
+    let schedule = Schedule::parse(spec)
+        .map_err(|e| anyhow!("{id}: {e}"))?
+        .for_workflow(id);
+    show(&spec.cron, &schedule.calendar, schedule.delay, preview)
 }
 
 fn schedule_of<'a>(cfg: &'a config::Config, id: &str) -> Result<&'a ScheduleTrigger> {
@@ -98,9 +100,13 @@ pub fn schedules(cfg: &config::Config) -> Vec<(&str, &ScheduleTrigger)> {
 /// `heartbeat: next 2026-12-03T14:50:10+00:00 (`*/10 * * * * *` in UTC)`.
 pub fn next_line(id: &str, spec: &ScheduleTrigger) -> String {
     let zone = spec.timezone.as_deref().unwrap_or("UTC");
-    let next = Schedule::parse(spec)
-        .ok()
-        .and_then(|s| Some(s.calendar.local_rfc3339(s.next_after(Utc::now())?)));
+    let next = Schedule::parse(spec).ok().and_then(|s| {
+        let s = s.for_workflow(id);
+        Some(
+            s.calendar
+                .local_rfc3339(s.fire_at(s.next_after(Utc::now())?)),
+        )
+    });
     match next {
         Some(next) => format!("{id}: next {next} (`{}` in {zone})", spec.cron),
         None => format!("{id}: never fires (`{}` in {zone})", spec.cron),
@@ -110,12 +116,25 @@ pub fn next_line(id: &str, spec: &ScheduleTrigger) -> String {
 /// More fires than anyone reads, and a bound on the work one command does.
 const MAX_COUNT: usize = 100_000;
 
-fn show(expr: &str, calendar: &Calendar, preview: &Preview) -> Result<i32> {
+/// The fires after the preview's start; each is `delay` (a workflow's jitter) after its slot.
+fn show(
+    expr: &str,
+    calendar: &Calendar,
+    delay: std::time::Duration,
+    preview: &Preview,
+) -> Result<i32> {
     if preview.count > MAX_COUNT {
         bail!("--count {} is more than {MAX_COUNT}", preview.count);
     }
     let start = preview.start()?;
-    let fires = calendar.fires(start, preview.count);
+    let fires: Vec<Fire> = calendar
+        .fires(start, preview.count)
+        .into_iter()
+        .map(|f| Fire {
+            at: f.at + delay,
+            ..f
+        })
+        .collect();
     if preview.json {
         let fires: Vec<String> = fires.iter().map(|f| calendar.local_rfc3339(f.at)).collect();
         super::output::print_out(&format!("{}\n", serde_json::json!({ "fires": fires })));
@@ -131,6 +150,12 @@ fn show(expr: &str, calendar: &Calendar, preview: &Preview) -> Result<i32> {
         calendar.tz.name(),
         calendar.local_rfc3339(start)
     );
+    if !delay.is_zero() {
+        text.push_str(&format!(
+            "      jitter: each fire starts {:.1}s after its slot (the same delay every time for this workflow)\n",
+            delay.as_secs_f64()
+        ));
+    }
     if fires.is_empty() {
         text.push_str("no fires after that\n");
     }

@@ -111,6 +111,19 @@ pub fn of(command: Command) -> Result<(Request, View)> {
         C::DryRun { workflow } => (Request::DryRun { workflow }, View::default()),
         C::Pause { workflow, reason } => (Request::Pause { workflow, reason }, View::default()),
         C::Resume { workflow } => (Request::Resume { workflow }, View::default()),
+        C::Why {
+            workflow,
+            time,
+            since,
+            json,
+        } => (
+            Request::Why {
+                workflow,
+                at: time,
+                since,
+            },
+            view(json),
+        ),
         C::InDoubt(InDoubtCmd::List { json }) => (Request::InDoubtList, view(json)),
         C::InDoubt(InDoubtCmd::Resolve {
             workflow,

@@ -156,6 +156,24 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
             pause.cause.name(),
             pause.reason
         ),
+        R::Why { entries, .. } if view.json => pretty(out, entries),
+        R::Why {
+            workflow, entries, ..
+        } if entries.is_empty() => {
+            wln!(out, "{workflow}: nothing recorded then: no slot and no fire");
+            s.code = 1;
+        }
+        R::Why {
+            timezone, entries, ..
+        } => {
+            let tz: chrono_tz::Tz = timezone.parse().unwrap_or(chrono_tz::Tz::UTC);
+            for e in entries {
+                let local = |t: chrono::DateTime<chrono::Utc>| {
+                    t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S %Z").to_string()
+                };
+                wln!(out, "{}", crate::ledger::line(e, local));
+            }
+        }
         R::KeysInDoubt { keys } if view.json => pretty(out, keys),
         R::KeysInDoubt { keys } if keys.is_empty() => {
             wln!(out, "no idempotency key is in doubt")

@@ -312,6 +312,7 @@ pub fn load(
                     timezone: agent.timezone.clone(),
                     catchup: None,
                     catchup_window_s: Some(agent.expiry_days * 86_400),
+                    jitter: None,
                 };
                 if let Err(e) = crate::trigger::schedule::Schedule::parse(&s) {
                     let key = match e {
@@ -414,6 +415,8 @@ fn workflow_for(
         }),
         retry: Retry::default(),
         breaker_after: None,
+        spend_window: None,
+        expect: None,
         env: BTreeMap::new(),
         cwd: root.to_path_buf(),
         file: agent.file.clone(),

@@ -8,6 +8,7 @@ pub mod agency;
 pub mod agent;
 pub mod dashboard;
 pub mod file;
+pub mod notify;
 pub mod parse;
 pub mod sandbox;
 pub mod settings;
@@ -21,8 +22,8 @@ pub use parse::{load_file, parse_workflow};
 pub use sandbox::{Sandbox, SandboxSettings};
 pub use settings::{RetentionSettings, Settings, Smtp, SmtpSecurity};
 pub use workflow::{
-    Backoff, EnvValue, FileTrigger, Overlap, Retry, ScheduleTrigger, StepCommand, Trigger,
-    WebhookTrigger, Workflow, DEFAULT_COMMIT_TIMEOUT_S, DEFAULT_KILL_GRACE_S,
+    Backoff, EnvValue, Expect, FileTrigger, Overlap, Retry, ScheduleTrigger, SpendWindow,
+    StepCommand, Trigger, WebhookTrigger, Workflow, DEFAULT_COMMIT_TIMEOUT_S, DEFAULT_KILL_GRACE_S,
 };
 
 /// A workflow id the config does not have.
@@ -192,6 +193,7 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
                         problem,
                     ));
                 }
+                errors.extend(notify_errors(&settings_file, &text.0, &s));
                 config.settings = s
             }
             Err(e) => errors.push(e),
@@ -294,4 +296,38 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
     } else {
         Err(errors)
     }
+}
+
+/// Each `[[notify]]` table's problems, at the line of the key at fault in that table.
+fn notify_errors(file: &Path, text: &str, s: &Settings) -> Vec<ConfigError> {
+    let starts: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim().starts_with("[[notify]]"))
+        .map(|(n, _)| n)
+        .collect();
+    let mut out = Vec::new();
+    for (i, channel) in s.notify.iter().enumerate() {
+        let from = starts.get(i).copied().unwrap_or(0);
+        for (key, problem) in channel.problems(s.smtp.is_some()) {
+            let line = text
+                .lines()
+                .enumerate()
+                .skip(from + 1)
+                .take_while(|(_, l)| !l.trim().starts_with('['))
+                .find(|(_, l)| {
+                    l.trim()
+                        .strip_prefix(key)
+                        .is_some_and(|r| r.trim_start().starts_with('='))
+                })
+                .map_or(from + 1, |(n, _)| n + 1);
+            out.push(ConfigError {
+                file: file.to_path_buf(),
+                line,
+                column: 1,
+                message: format!("notify[{i}].{key}: {problem}"),
+            });
+        }
+    }
+    out
 }

@@ -48,6 +48,8 @@ struct RawSchedule {
     catchup: Option<Spanned<String>>,
     #[serde(default)]
     catchup_window_s: Option<u64>,
+    #[serde(default)]
+    jitter: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,6 +70,32 @@ struct RawBudget {
     pids_max: Option<Spanned<i64>>,
     #[serde(default)]
     cpu_weight: Option<Spanned<i64>>,
+    /// `[budget.window]`: spend over a rolling period, across runs.
+    #[serde(default)]
+    window: Option<Spanned<RawWindow>>,
+}
+
+/// `[budget.window]`: the sums over every run of the workflow in the last `period`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWindow {
+    period: Spanned<String>,
+    #[serde(default)]
+    cost_usd: Option<Spanned<f64>>,
+    #[serde(default)]
+    tokens: Option<u64>,
+    #[serde(default)]
+    runs: Option<u64>,
+}
+
+/// `[expect]`: the dead-man's switch.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExpect {
+    #[serde(default)]
+    within: Option<Spanned<String>>,
+    #[serde(default)]
+    at_least: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -111,6 +139,8 @@ struct RawWorkflow {
     sandbox: Option<super::sandbox::SandboxSettings>,
     #[serde(default)]
     breaker: Option<Spanned<RawBreaker>>,
+    #[serde(default)]
+    expect: Option<Spanned<RawExpect>>,
 }
 
 /// `[breaker]`: pause the workflow after this many failing runs in a row.
@@ -191,6 +221,11 @@ impl Validator<'_> {
             .as_ref()
             .map(|b| self.limits(b))
             .unwrap_or_default();
+        let spend_window = raw
+            .budget
+            .as_ref()
+            .and_then(|b| b.get_ref().window.as_ref())
+            .and_then(|w| self.window(w));
         let caps = self.budget(raw.budget);
         let cwd = match &raw.cwd {
             Some(c) => root.join(c),
@@ -251,6 +286,7 @@ impl Validator<'_> {
             }
             b.into_inner().after
         });
+        let expect = raw.expect.and_then(|e| self.expect(e, trigger.as_ref()));
         Some(Workflow {
             id,
             description: raw.description.unwrap_or_default(),
@@ -269,6 +305,8 @@ impl Validator<'_> {
             file: self.file.to_path_buf(),
             config_hash,
             breaker_after,
+            spend_window,
+            expect,
             agent: None,
             sandbox: super::sandbox::Sandbox::layered(&Default::default(), &sandbox_own, root),
             sandbox_own,
@@ -346,12 +384,14 @@ impl Validator<'_> {
             timezone: raw.timezone.as_ref().map(|t| t.get_ref().clone()),
             catchup: raw.catchup.as_ref().map(|c| c.get_ref().clone()),
             catchup_window_s: raw.catchup_window_s,
+            jitter: raw.jitter.as_ref().map(|j| j.get_ref().clone()),
         };
         if let Err(e) = Schedule::parse(&spec) {
             let at = match &e {
                 ScheduleError::Cron(_) | ScheduleError::NeverFires(_) => raw.cron.span(),
                 ScheduleError::Timezone(_) => raw.timezone.map_or(span, |t| t.span()),
                 ScheduleError::Catchup(_) => raw.catchup.map_or(span, |c| c.span()),
+                ScheduleError::Jitter(_) => raw.jitter.map_or(span, |j| j.span()),
             };
             self.err(at, e.to_string());
         }
@@ -389,6 +429,88 @@ impl Validator<'_> {
                 .flatten()
                 .unwrap_or(Duration::from_secs_f64(DEFAULT_KILL_GRACE_S)),
         })
+    }
+
+    /// `[budget.window]`: a period and at least one sum to hold it to.
+    fn window(&mut self, raw: &Spanned<RawWindow>) -> Option<SpendWindow> {
+        let w = raw.get_ref();
+        let period = match humantime::parse_duration(w.period.get_ref()) {
+            Ok(p) if !p.is_zero() => Some(p),
+            _ => {
+                self.err(
+                    w.period.span(),
+                    format!(
+                        "budget.window.period: `{}` is not a duration (e.g. \"24h\", \"7days\")",
+                        w.period.get_ref()
+                    ),
+                );
+                None
+            }
+        };
+        let cost_usd = w.cost_usd.as_ref().map(|c| *c.get_ref());
+        if let Some(c) = &w.cost_usd {
+            if !(c.get_ref().is_finite() && *c.get_ref() >= 0.0) {
+                self.err(
+                    c.span(),
+                    "budget.window.cost_usd must be a number zero or more",
+                );
+            }
+        }
+        if cost_usd.is_none() && w.tokens.is_none() && w.runs.is_none() {
+            self.err(
+                raw.span(),
+                "[budget.window] needs at least one of cost_usd, tokens, runs (the sums it holds the workflow to)",
+            );
+            return None;
+        }
+        Some(SpendWindow {
+            period: period?,
+            cost_usd,
+            tokens: w.tokens,
+            runs: w.runs,
+        })
+    }
+
+    /// `[expect] within` (a schedule's) and `at_least` (a file's or queue's).
+    fn expect(&mut self, raw: Spanned<RawExpect>, trigger: Option<&Trigger>) -> Option<Expect> {
+        let span = raw.span();
+        let e = raw.into_inner();
+        let within = e
+            .within
+            .and_then(|w| match humantime::parse_duration(w.get_ref()) {
+                Ok(d) if !d.is_zero() => Some(d),
+                _ => {
+                    self.err(
+                        w.span(),
+                        format!(
+                            "expect.within: `{}` is not a duration (e.g. \"15m\", \"2h\")",
+                            w.get_ref()
+                        ),
+                    );
+                    None
+                }
+            });
+        let at_least = e.at_least.and_then(|a| match parse_rate(a.get_ref()) {
+            Some(r) => Some(r),
+            None => {
+                self.err(
+                    a.span(),
+                    format!("expect.at_least: `{}` is not a rate: expected COUNT/PERIOD, e.g. \"1/day\", \"4/hour\", \"2/12h\"", a.get_ref()),
+                );
+                None
+            }
+        });
+        if within.is_some() && !matches!(trigger, Some(Trigger::Schedule(_))) {
+            self.err(span.clone(), "expect.within is for a schedule (it counts from each slot); a file, queue or webhook workflow takes expect.at_least = \"1/day\"");
+        }
+        if within.is_none() && at_least.is_none() {
+            self.err(
+                span,
+                "[expect] needs within = \"15m\" (a schedule) or at_least = \"1/day\"",
+            );
+            return None;
+        }
+        Some(Expect { within, at_least })
     }
 
     /// `memory_max`, `pids_max` and `cpu_weight` of `[budget]`: held by cgroups.
@@ -582,4 +704,21 @@ fn memory_bytes(v: &toml::Value) -> Option<u64> {
         _ => return None,
     };
     (bytes >= 1 << 20).then_some(bytes)
+}
+
+/// `"1/day"`, `"4/hour"`, `"2/12h"`: (count, period).
+fn parse_rate(text: &str) -> Option<(u32, Duration)> {
+    let (n, per) = text.split_once('/')?;
+    let n: u32 = n.trim().parse().ok().filter(|n| *n > 0)?;
+    let per = per.trim();
+    let period = match per {
+        "minute" => Duration::from_secs(60),
+        "hour" => Duration::from_secs(3600),
+        "day" => Duration::from_secs(86_400),
+        "week" => Duration::from_secs(7 * 86_400),
+        _ => humantime::parse_duration(per)
+            .ok()
+            .filter(|d| !d.is_zero())?,
+    };
+    Some((n, period))
 }

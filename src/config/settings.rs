@@ -32,6 +32,9 @@ pub struct Settings {
     /// The web dashboard and `/metrics` (see [`super::dashboard`]).
     #[serde(default)]
     pub dashboard: super::dashboard::DashboardSettings,
+    /// `[[notify]]`: where alerts go (see [`super::notify`]).
+    #[serde(default)]
+    pub notify: Vec<super::notify::NotifyChannel>,
 }
 
 /// `[retention]` in steward.toml: run records beyond either limit are pruned, oldest

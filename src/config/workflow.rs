@@ -217,6 +217,10 @@ pub struct Workflow {
     /// `[breaker] after = N`: paused after N runs in a row end failed, exhausted or
     /// stagnated (see [`crate::governed::pause`]).
     pub breaker_after: Option<u32>,
+    /// `[budget.window]`: spend across the runs of a rolling period.
+    pub spend_window: Option<SpendWindow>,
+    /// `[expect]`: when a successful run is due (the dead-man's switch).
+    pub expect: Option<Expect>,
     /// Set when this workflow is a digest agent's run (see [`crate::agent`]).
     pub agent: Option<String>,
     /// `memory_max`, `pids_max`, `cpu_weight` of its `[budget]`: the maker's and checker's
@@ -233,7 +237,7 @@ impl Workflow {
     /// The workflow's schedule, if it has one (its config was validated at load).
     pub fn schedule(&self) -> Option<Schedule> {
         match &self.trigger {
-            Trigger::Schedule(s) => Schedule::parse(s).ok(),
+            Trigger::Schedule(s) => Schedule::parse(s).ok().map(|s| s.for_workflow(&self.id)),
             _ => None,
         }
     }
@@ -242,6 +246,24 @@ impl Workflow {
     pub fn next_fire_json(&self) -> Option<serde_json::Value> {
         self.schedule()?.next_fire_json()
     }
+}
+
+/// `[budget.window]`: when the sums over the runs of the last `period` reach any of the
+/// limits given, the workflow is paused (reason `budget`) until an operator resumes it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SpendWindow {
+    pub period: Duration,
+    pub cost_usd: Option<f64>,
+    pub tokens: Option<u64>,
+    pub runs: Option<u64>,
+}
+
+/// `[expect]`: a schedule's successful run is due `within` of each slot; a file or queue
+/// workflow's `at_least` (count, period) successful runs per period.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Expect {
+    pub within: Option<Duration>,
+    pub at_least: Option<(u32, Duration)>,
 }
 
 /// Default seconds a commit may take before it is killed (its key is then in doubt).

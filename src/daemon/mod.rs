@@ -54,7 +54,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     std::fs::create_dir_all(&opts.state_dir)
         .with_context(|| format!("cannot create state folder {}", opts.state_dir.display()))?;
     let state_dir = std::fs::canonicalize(&opts.state_dir).unwrap_or(opts.state_dir.clone());
-    let (engine, recovery) = match governed::open(&state_dir) {
+    let (mut engine, recovery) = match governed::open(&state_dir) {
         Ok(v) => v,
         Err(governed::EngineError::Store(e @ StoreError::Locked { .. })) => {
             return Err(anyhow!(
@@ -69,11 +69,22 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         Ok(n) => tracing::info!("pruned {n} run record(s) past the retention"),
         Err(e) => tracing::warn!("could not prune old run records: {e}"),
     }
+    let (alerts, alert_channels) =
+        crate::alert::start(alert_channels(&config), engine.runlog.clone());
+    engine.alerts = alerts;
     for id in &recovery.interrupted_runs {
         tracing::warn!(run = %id, "run was in flight when steward last stopped: recorded interrupted");
     }
     for k in &recovery.keys_in_doubt {
         tracing::warn!(workflow = %k.workflow, key = %k.key, "idempotency key in doubt after a crash: see `steward in-doubt list`");
+        engine.alerts.raise(
+            crate::alert::Alert::new(
+                crate::alert::Event::InDoubt,
+                &k.workflow,
+                format!("steward stopped during the commit of key `{}`: it may or may not have happened — settle it with `steward in-doubt resolve`", k.key),
+            )
+            .run(&k.run_id),
+        );
     }
     let listener = crate::control_socket::bind(&state_dir)?;
     let shared = Arc::new(Shared {
@@ -89,6 +100,8 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         queue_wakes: Mutex::new(Default::default()),
         webhook_addr: Mutex::new(None),
         dashboard_addr: Mutex::new(None),
+        alert_channels,
+        expect_checked: Default::default(),
     });
 
     let stop_socket = CancellationToken::new();
@@ -127,6 +140,11 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         stop_socket.clone(),
     ));
     let mut triggers = triggers::Triggers::start(shared.clone()).await?;
+    // The dead-man's switch looks before the catch-up runs, so a slot the machine was
+    // off for is reported even when its catch-up then succeeds.
+    let stop_watch = CancellationToken::new();
+    let watch_task = tokio::spawn(watch_expectations(shared.clone(), stop_watch.clone()));
+    shared.expect_checked.notified().await;
     triggers.catch_up_and_drain().await;
     triggers.reconcile().await;
     let stop_following = CancellationToken::new();
@@ -194,6 +212,8 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     stop_following.cancel();
     let _ = follow_task.await;
     triggers.stop_all().await;
+    stop_watch.cancel();
+    let _ = watch_task.await;
     // A second TERM or INT during the grace period kills the runs at once.
     let now = CancellationToken::new();
     let second = {
@@ -227,6 +247,30 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     crate::control_socket::remove(&state_dir);
     tracing::info!("steward daemon stopped");
     Ok(())
+}
+
+/// The dead-man's switch: one look at start-up (then `expect_checked` is notified), one
+/// every [`crate::expect::EVERY`] after.
+async fn watch_expectations(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut watch = crate::expect::Watch::new(chrono::Utc::now());
+    let mut tick = tokio::time::interval(crate::expect::EVERY);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let config = shared.config();
+        watch.check(&shared.engine, &config, chrono::Utc::now());
+        shared.expect_checked.notify_one();
+    }
+}
+
+/// The `[[notify]]` channels of a config, with the relay its email channels use.
+pub(crate) fn alert_channels(config: &crate::config::Config) -> crate::alert::Channels {
+    crate::alert::Channels {
+        list: config.settings.notify.clone(),
+        smtp: config.settings.smtp.clone(),
+    }
 }
 
 fn notify_systemd(state: &[sd_notify::NotifyState]) {

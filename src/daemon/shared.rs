@@ -29,6 +29,10 @@ pub struct Shared {
     pub(super) webhook_addr: Mutex<Option<SocketAddr>>,
     /// Where the dashboard listens (None when it is off).
     pub(super) dashboard_addr: Mutex<Option<SocketAddr>>,
+    /// Where a reload puts the `[[notify]]` channels it read.
+    pub(super) alert_channels: crate::alert::ChannelsUpdate,
+    /// Notified after each look of the dead-man's switch (start-up waits for the first).
+    pub(super) expect_checked: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -88,6 +92,32 @@ impl Shared {
             wake.notify_one();
         }
         Ok(id)
+    }
+
+    /// After a config swap: the alert channels it names, and a `go_live_needed` alert
+    /// for each approved workflow whose file changed since its approval.
+    pub(super) fn config_swapped(&self, config: &Config) {
+        self.alert_channels.set(super::alert_channels(config));
+        let alerts = &self.engine.alerts;
+        if !alerts.wants(crate::alert::Event::GoLiveNeeded) {
+            return;
+        }
+        for wf in config.workflows.values() {
+            match self.engine.store.approval(&wf.id) {
+                Ok(Some(a)) if a.config_hash != wf.config_hash => alerts.raise(crate::alert::Alert::new(
+                    crate::alert::Event::GoLiveNeeded,
+                    &wf.id,
+                    format!(
+                        "{} changed since {} approved it for go-live: it runs dry until `steward go-live {}`",
+                        wf.file.display(),
+                        a.approved_by,
+                        wf.id
+                    ),
+                )),
+                Ok(_) => {}
+                Err(e) => tracing::error!(workflow = %wf.id, "cannot read the go-live approval: {e}"),
+            }
+        }
     }
 
     pub(super) fn queue_wake(&self, queue: &str) -> Arc<tokio::sync::Notify> {

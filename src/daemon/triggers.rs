@@ -142,6 +142,7 @@ impl Triggers {
     /// Starts tasks for new or changed triggers and stops those no longer configured.
     pub async fn reconcile(&mut self) {
         let config = self.shared.config();
+        self.shared.config_swapped(&config);
         let wanted: HashMap<String, &Workflow> = config
             .workflows
             .values()

@@ -61,6 +61,9 @@ fn snapshot(d: &Dashboard) -> Snapshot {
             limit: 1,
             ..RunQuery::default()
         });
+        if let Ok(Some(p)) = store.paused(&wf.id) {
+            snap.paused.push((wf.id.clone(), p.cause.name()));
+        }
         if let Some(run) = last.ok().and_then(|runs| runs.into_iter().next()) {
             let at = run.ended_at.unwrap_or(run.started_at);
             snap.last_success

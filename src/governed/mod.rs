@@ -13,7 +13,8 @@
 //! The parts: `machine` (the run's phases, its one transition function and its one
 //! terminal write), [`outcome`] (how a run ends, and how a step's outcome is read),
 //! `steps` (one step, recorded), `env` (what steps get), `operator` (go-live, reject,
-//! in-doubt), [`pause`] (pause, resume, the circuit breaker).
+//! in-doubt), [`pause`] (pause, resume, the circuit breaker), `watch` (after each run: the
+//! breaker, the spend window, and the alerts a run's end calls for).
 
 mod env;
 mod machine;
@@ -21,6 +22,7 @@ mod operator;
 pub mod outcome;
 pub mod pause;
 mod steps;
+mod watch;
 
 use std::path::{Path, PathBuf};
 
@@ -94,6 +96,8 @@ pub struct Engine {
     pub state_dir: PathBuf,
     /// Counts every run that ends (served at the dashboard's `/metrics`).
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Where alerts go (the daemon's dispatcher; sends nothing by default).
+    pub alerts: crate::alert::Alerts,
 }
 
 impl Engine {
@@ -143,6 +147,7 @@ pub fn open(
             runlog,
             state_dir: state_dir.to_path_buf(),
             metrics: Default::default(),
+            alerts: Default::default(),
         },
         recovery,
     ))

@@ -1,5 +1,6 @@
 //! Pausing a workflow: by the operator (`steward pause`), or by its circuit breaker
-//! (`[breaker] after = N` consecutive runs ending failed, exhausted or stagnated). While
+//! (`[breaker] after = N` consecutive runs ending failed, exhausted or stagnated), or by
+//! its spend window (`[budget.window]`, see `watch`). While
 //! paused, every fire of the workflow is recorded `skipped` with the pause as its reason
 //! (the runner checks, so no road around it); only an operator resumes it.
 
@@ -67,16 +68,18 @@ impl Engine {
             return Ok(None);
         }
         let runs: Vec<String> = streak.iter().map(|(id, s)| format!("{id} {s}")).collect();
-        let reason = format!(
-            "breaker open: the last {after} runs failed ({})",
-            runs.join(", ")
-        );
+        let reason = format!("the last {after} runs failed ({})", runs.join(", "));
         tracing::warn!(workflow = %wf.id, "{reason}: paused until an operator resumes it");
         self.set_pause(&wf.id, PauseCause::Breaker, &reason)
             .map(Some)
     }
 
-    fn set_pause(&self, workflow: &str, cause: PauseCause, reason: &str) -> Result<Pause> {
+    pub(super) fn set_pause(
+        &self,
+        workflow: &str,
+        cause: PauseCause,
+        reason: &str,
+    ) -> Result<Pause> {
         let p = Pause {
             workflow: workflow.to_string(),
             cause,
@@ -84,14 +87,14 @@ impl Engine {
             since: Utc::now(),
             by: match cause {
                 PauseCause::Operator => super::operator::operator(),
-                PauseCause::Breaker => "steward".into(),
+                PauseCause::Breaker | PauseCause::Budget => "steward".into(),
             },
         };
         self.store.pause(&p)?;
         self.store.flush()?;
         match cause {
             PauseCause::Operator => self.log_operator(workflow, "pause", &describe(&p))?,
-            PauseCause::Breaker => self.log_workflow(workflow, "pause", "breaker", &p.reason)?,
+            cause => self.log_workflow(workflow, "pause", cause.name(), &p.reason)?,
         }
         Ok(p)
     }

@@ -9,6 +9,7 @@
 mod cases;
 mod context;
 mod runs;
+mod why;
 mod workflows;
 
 use context::Handled;
@@ -35,6 +36,11 @@ impl Service {
             R::GoLive { workflow } => workflows::go_live(self, &workflow),
             R::Pause { workflow, reason } => workflows::pause(self, &workflow, reason.as_deref()),
             R::Resume { workflow } => workflows::resume(self, &workflow),
+            R::Why {
+                workflow,
+                at,
+                since,
+            } => why::why(self, &workflow, at, since),
             R::DryRun { workflow } => workflows::dry_run(self, &workflow),
             R::InDoubtList => workflows::in_doubt(self),
             R::InDoubtResolve {

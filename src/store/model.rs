@@ -232,6 +232,8 @@ pub enum PauseCause {
     Operator,
     /// `[breaker]`: too many failing runs in a row.
     Breaker,
+    /// `[budget.window]`: the spend of the rolling window was reached.
+    Budget,
 }
 
 impl PauseCause {
@@ -239,6 +241,7 @@ impl PauseCause {
         match self {
             PauseCause::Operator => "operator",
             PauseCause::Breaker => "breaker",
+            PauseCause::Budget => "budget",
         }
     }
 }

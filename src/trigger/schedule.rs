@@ -37,12 +37,16 @@ pub struct ScheduleTrigger {
     pub catchup: Option<String>,
     #[serde(default)]
     pub catchup_window_s: Option<u64>,
+    /// Spreads fires over up to this long after each slot (`"30s"`), like systemd's
+    /// RandomizedDelaySec but the same delay every time for a given workflow.
+    #[serde(default)]
+    pub jitter: Option<String>,
 }
 
 impl Schedule {
     /// `{"local": …, "utc": …, "timezone": …}` for the next fire, for `list` and `status`.
     pub fn next_fire_json(&self) -> Option<Value> {
-        let next = self.next_after(Utc::now())?;
+        let next = self.next_after(Utc::now())? + self.delay;
         Some(json!({
             "local": self.local(next),
             "utc": next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
@@ -62,6 +66,8 @@ pub enum ScheduleError {
     Catchup(String),
     #[error("schedule.cron `{0}` never fires (no date matches it)")]
     NeverFires(String),
+    #[error("schedule.jitter `{0}` is not a duration (e.g. \"30s\", \"5m\")")]
+    Jitter(String),
 }
 
 /// A parsed schedule: the cron pattern and the zone it is read in.
@@ -72,6 +78,11 @@ pub struct Schedule {
     pub catchup: Catchup,
     /// How far back missed fires are still worth running (default: one period).
     pub catchup_window: Option<Duration>,
+    /// `jitter`: the most a fire may come after its slot.
+    pub jitter: Duration,
+    /// How long after each slot this workflow's fire starts (within `jitter`; see
+    /// [`Schedule::for_workflow`]). The slot itself is what the run and the ledger record.
+    pub delay: Duration,
 }
 
 /// What to do with fires missed while the daemon was down.
@@ -83,6 +94,16 @@ pub enum Catchup {
     All,
     /// Record them as missed; run nothing.
     None,
+}
+
+impl Catchup {
+    pub fn name(self) -> &'static str {
+        match self {
+            Catchup::Latest => "latest",
+            Catchup::All => "all",
+            Catchup::None => "none",
+        }
+    }
 }
 
 /// How much earlier than the slot the scheduler is asked to wake a schedule's worker.
@@ -108,16 +129,43 @@ impl Schedule {
                 )))
             }
         };
+        let jitter = match &spec.jitter {
+            None => Duration::ZERO,
+            Some(j) => {
+                humantime::parse_duration(j).map_err(|_| ScheduleError::Jitter(j.clone()))?
+            }
+        };
         let s = Schedule {
             calendar,
             tz,
             catchup,
             catchup_window: spec.catchup_window_s.map(Duration::from_secs),
+            jitter,
+            delay: Duration::ZERO,
         };
         if s.next_after(Utc::now()).is_none() {
             return Err(ScheduleError::NeverFires(spec.cron.clone()));
         }
         Ok(s)
+    }
+
+    /// The schedule as `workflow` fires it: its delay after each slot is a hash of its
+    /// name within the jitter, so the same workflow always fires at the same time (and
+    /// `steward next` can say when) while different ones spread out.
+    pub fn for_workflow(mut self, workflow: &str) -> Schedule {
+        use sha2::{Digest, Sha256};
+        let ms = self.jitter.as_millis() as u64;
+        if ms > 0 {
+            let h = Sha256::digest(workflow.as_bytes());
+            let n = u64::from_be_bytes(h[..8].try_into().unwrap_or_default());
+            self.delay = Duration::from_millis(n % (ms + 1));
+        }
+        self
+    }
+
+    /// When the fire for `slot` starts: the slot plus this workflow's jitter delay.
+    pub fn fire_at(&self, slot: DateTime<Utc>) -> DateTime<Utc> {
+        slot + self.delay
     }
 
     /// The first slot strictly after `after`.
@@ -142,6 +190,24 @@ impl Schedule {
             t = next;
         }
         out
+    }
+
+    /// The newest slot at or before `t`, looking back up to 400 days.
+    pub fn last_at_or_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        for hours in [1, 24, 24 * 8, 24 * 32, 24 * 400] {
+            let fires = self.fires_between(t - chrono::Duration::hours(hours), t);
+            if fires.len() >= MAX_MISSED {
+                // A span this wide holds more slots than are listed: take a narrower one.
+                return self
+                    .fires_between(t - chrono::Duration::minutes(1), t)
+                    .last()
+                    .copied();
+            }
+            if let Some(last) = fires.last() {
+                return Some(*last);
+            }
+        }
+        None
     }
 
     /// The catch-up window: configured, or the gap between the two slots after `at`.
@@ -197,7 +263,7 @@ pub async fn run(
         };
         // Ask the scheduler to wake us a second early (it keeps whole seconds and ticks
         // every 500 ms), then sleep the rest ourselves: the run starts on the slot.
-        let wait = (slot - Utc::now())
+        let wait = (schedule.fire_at(slot) - Utc::now())
             .to_std()
             .unwrap_or(Duration::ZERO)
             .saturating_sub(EARLY);
@@ -241,7 +307,7 @@ pub async fn run(
         }
         // The scheduler keeps one-shot times in whole seconds and may wake us up to a
         // second early: never start a run before its slot.
-        if let Ok(early) = (slot - Utc::now()).to_std() {
+        if let Ok(early) = (schedule.fire_at(slot) - Utc::now()).to_std() {
             tokio::select! {
                 _ = tokio::time::sleep(early) => {}
                 _ = cancel.cancelled() => return,
@@ -268,6 +334,7 @@ mod tests {
             timezone: Some(tz.into()),
             catchup: None,
             catchup_window_s: None,
+            jitter: None,
         })
         .unwrap()
     }
@@ -372,6 +439,7 @@ mod tests {
                 timezone: Some(tz.into()),
                 catchup: None,
                 catchup_window_s: None,
+                jitter: None,
             })
             .is_err()
         };
@@ -422,6 +490,7 @@ mod run_tests {
             timezone: None,
             catchup: None,
             catchup_window_s: None,
+            jitter: None,
         })
         .unwrap();
         let scheduler = JobScheduler::new().await.unwrap();

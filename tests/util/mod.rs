@@ -612,8 +612,13 @@ pub fn http_server(routes: Vec<(&'static str, u16, String)>) -> String {
 }
 
 /// The reference clients the tests run, from PyPI: cron implementations (cronsim,
-/// croniter) and Selenium for driving Chromium.
-pub const PYTHON_PACKAGES: &[&str] = &["cronsim==2.9", "croniter==7.0.0", "selenium==4.51.0"];
+/// croniter), Selenium for driving Chromium, and aiosmtpd (the SMTP server alerts reach).
+pub const PYTHON_PACKAGES: &[&str] = &[
+    "cronsim==2.9",
+    "croniter==7.0.0",
+    "selenium==4.51.0",
+    "aiosmtpd==1.4.6",
+];
 
 /// A Python with [`PYTHON_PACKAGES`]: `STEWARD_TEST_PYTHON` (`.ci/run` makes one), or a
 /// venv made here once per build.

@@ -1,0 +1,177 @@
+//! One alert to one channel: an email through the `[smtp]` relay (lettre, as the digests)
+//! or a webhook POST (reqwest), tried up to [`ATTEMPTS`] times with backoff. Each outcome
+//! is a runlog `alert` line; the channel is named by its label, never by its full URL.
+
+use std::time::Duration;
+
+use lettre::message::Mailbox;
+use lettre::{AsyncTransport, Message};
+use serde_json::json;
+
+use super::{backoff, Alert};
+use crate::config::notify::{ChannelKind, NotifyChannel, WebhookFormat};
+use crate::config::Smtp;
+use crate::redact::Redactor;
+use crate::runlog::{Entry, RunLog};
+
+/// Attempts per alert and channel (the waits between them add up to about a minute).
+pub const ATTEMPTS: u32 = 7;
+
+/// How long one webhook request may take.
+const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Delivers `alert` to `channel`, retrying with backoff; gives up after [`ATTEMPTS`].
+pub async fn with_retries(channel: NotifyChannel, smtp: Option<Smtp>, alert: Alert, log: RunLog) {
+    let label = channel.label();
+    for attempt in 1..=ATTEMPTS {
+        let result = match channel.kind {
+            ChannelKind::Email => email(&channel, smtp.as_ref(), &alert).await,
+            ChannelKind::Webhook => webhook(&channel, &alert).await,
+        };
+        let (status, detail) = match &result {
+            Ok(()) => ("sent", format!("{} to {label}", alert.event)),
+            Err(e) if attempt < ATTEMPTS => {
+                let wait = backoff(attempt - 1);
+                tracing::warn!(channel = %label, event = %alert.event, workflow = %alert.workflow, "alert not delivered (attempt {attempt} of {ATTEMPTS}): {e}; retrying in {}s", wait.as_secs());
+                record(
+                    &log,
+                    &alert,
+                    attempt,
+                    "retrying",
+                    format!(
+                        "{} to {label}: {e}; retrying in {}s",
+                        alert.event,
+                        wait.as_secs()
+                    ),
+                );
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            Err(e) => (
+                "failed",
+                format!(
+                    "{} to {label}: {e}; gave up after {ATTEMPTS} attempts",
+                    alert.event
+                ),
+            ),
+        };
+        if result.is_ok() {
+            tracing::info!(channel = %label, event = %alert.event, workflow = %alert.workflow, "alert sent");
+        } else {
+            tracing::error!(channel = %label, event = %alert.event, workflow = %alert.workflow, "{detail}");
+        }
+        record(&log, &alert, attempt, status, detail);
+        return;
+    }
+}
+
+fn record(log: &RunLog, alert: &Alert, attempt: u32, status: &str, detail: String) {
+    let e = Entry {
+        ts: chrono::Utc::now(),
+        run_id: alert.run_id.clone().unwrap_or_default(),
+        workflow: alert.workflow.clone(),
+        attempt,
+        step: "alert".into(),
+        status: status.into(),
+        figures: None,
+        duration_ms: None,
+        detail,
+        data: Some(json!({ "event": alert.event, "held_back": alert.held_back })),
+    };
+    if let Err(e) = log.record(&e, &Redactor::default()) {
+        tracing::error!("cannot write the runlog: {e}");
+    }
+}
+
+async fn email(channel: &NotifyChannel, smtp: Option<&Smtp>, alert: &Alert) -> Result<(), String> {
+    let smtp = smtp.ok_or("smtp not configured ([smtp] in steward.toml)")?;
+    let transport = crate::agent::email::transport(smtp)?;
+    let from: Mailbox = smtp
+        .from
+        .parse()
+        .map_err(|e| format!("smtp.from is not an address: {e}"))?;
+    let mut msg = Message::builder()
+        .from(from)
+        .subject(one_line(&alert.subject()))
+        .user_agent(format!("steward/{}", env!("CARGO_PKG_VERSION")));
+    for to in &channel.to {
+        msg = msg.to(to.parse().map_err(|e| format!("bad address `{to}`: {e}"))?);
+    }
+    let msg = msg
+        .body(alert.text())
+        .map_err(|e| format!("cannot build the message: {e}"))?;
+    transport
+        .send(msg)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// A subject is one line: nothing from a run's reason can add a header.
+fn one_line(s: &str) -> String {
+    s.chars().filter(|c| !c.is_control()).take(200).collect()
+}
+
+async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), String> {
+    let url = match (&channel.url, &channel.url_env) {
+        (Some(u), _) => u.clone(),
+        (None, Some(var)) => std::env::var(var).map_err(|_| format!("env var {var} is not set"))?,
+        (None, None) => return Err("no url".into()),
+    };
+    let client = reqwest::Client::builder()
+        .timeout(WEBHOOK_TIMEOUT)
+        .user_agent(concat!("steward/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+    let json_body = |v: serde_json::Value| {
+        client
+            .post(&url)
+            .header("Content-Type", "application/json")
+            .body(v.to_string())
+    };
+    let req = match channel.format {
+        WebhookFormat::Json => json_body(json!({
+            "event": alert.event,
+            "workflow": alert.workflow,
+            "message": alert.message,
+            "run_id": alert.run_id,
+            "at": alert.at,
+            "held_back": alert.held_back,
+            "text": alert.text(),
+        })),
+        WebhookFormat::Slack => json_body(json!({ "text": alert.text() })),
+        WebhookFormat::Discord => json_body(json!({ "content": alert.text() })),
+        WebhookFormat::Ntfy => client
+            .post(&url)
+            .header("Title", one_line(&alert.subject()))
+            .header("Tags", alert.event.name())
+            .body(alert.text()),
+    };
+    // The error's own text can quote the URL (and its token): say only what kind it was.
+    let resp = req.send().await.map_err(|e| describe(&e))?;
+    if resp.status().is_success() {
+        Ok(())
+    } else {
+        Err(format!("the receiver answered {}", resp.status()))
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else {
+        "the request failed"
+    };
+    // The innermost cause (an io error such as "Connection refused") names no URL.
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    if std::ptr::eq(cause as *const _ as *const u8, e as *const _ as *const u8) {
+        kind.into()
+    } else {
+        format!("{kind}: {cause}")
+    }
+}

@@ -1,0 +1,160 @@
+//! `steward why WORKFLOW [TIME]` and `steward why WORKFLOW --since 24h`: what became of
+//! a slot (or of each slot and fire in a span), from the ledger ([`crate::ledger`]).
+
+use anyhow::{anyhow, bail};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, TimeZone, Utc};
+use chrono_tz::Tz;
+
+use super::context::{Handled, Service};
+use crate::api::Response;
+use crate::config::Workflow;
+use crate::ledger::{self, Entry};
+use crate::store::RunQuery;
+use crate::trigger::schedule::Schedule;
+
+/// Run records read at most for one answer (a span's, or the slot's neighbours).
+const MAX_RECORDS: usize = 10_000;
+
+/// Slots listed at most for `--since` (a minutely schedule over a week is too many).
+const MAX_SLOTS: usize = 2_000;
+
+pub(super) fn why(
+    service: &Service,
+    workflow: &str,
+    at: Option<String>,
+    since: Option<String>,
+) -> Handled {
+    let config = service.config()?;
+    let wf = service.workflow(&config, workflow)?;
+    let sched = wf.schedule();
+    let tz = sched.as_ref().map_or(Tz::UTC, |s| s.tz);
+    let now = Utc::now();
+    let entries = match (at, since) {
+        (Some(_), Some(_)) => bail!("give a TIME or --since, not both"),
+        (None, Some(span)) => {
+            let span = humantime::parse_duration(&span)
+                .map_err(|e| anyhow!("--since `{span}`: {e}; e.g. 24h, 90m, 7days"))?;
+            let from =
+                now - chrono::Duration::from_std(span).unwrap_or(chrono::Duration::days(3650));
+            span_entries(service, &wf, sched.as_ref(), from, now)?
+        }
+        (at, None) => {
+            let at = match at {
+                Some(text) => parse_time(&text, tz, now)?,
+                None => now,
+            };
+            slot_entry(service, &wf, sched.as_ref(), at)?
+                .into_iter()
+                .collect()
+        }
+    };
+    Ok(Response::Why {
+        workflow: wf.id.clone(),
+        timezone: tz.name().to_string(),
+        entries,
+    })
+}
+
+/// The runs of `wf` that started at or after `from`, newest first.
+fn records_since(
+    service: &Service,
+    wf: &Workflow,
+    from: DateTime<Utc>,
+) -> anyhow::Result<Vec<crate::store::RunRecord>> {
+    Ok(service.engine.store.run_page(&RunQuery {
+        workflow: Some(wf.id.clone()),
+        since: Some(from),
+        limit: MAX_RECORDS,
+        ..Default::default()
+    })?)
+}
+
+/// Every slot and fire from `from` to `now`, oldest first; a schedule's slot with no
+/// record is listed missed.
+fn span_entries(
+    service: &Service,
+    wf: &Workflow,
+    sched: Option<&Schedule>,
+    from: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Vec<Entry>> {
+    let mut entries: Vec<Entry> = ledger::entries(&records_since(service, wf, from)?)
+        .into_iter()
+        .filter(|e| e.slot >= from)
+        .collect();
+    if let Some(s) = sched {
+        let slots = s.fires_between(from, now);
+        for slot in slots.into_iter().rev().take(MAX_SLOTS) {
+            // The slot of the minute now is still on its way (jitter, a run starting).
+            if s.fire_at(slot) + chrono::Duration::seconds(2) > now {
+                continue;
+            }
+            if !entries
+                .iter()
+                .any(|e| e.slot == slot && e.trigger == "schedule")
+            {
+                entries.push(ledger::unrecorded(slot));
+            }
+        }
+        entries.sort_by_key(|e| e.slot);
+    }
+    Ok(entries)
+}
+
+/// The slot at or before `at` (a schedule's) or the newest fire at or before it.
+fn slot_entry(
+    service: &Service,
+    wf: &Workflow,
+    sched: Option<&Schedule>,
+    at: DateTime<Utc>,
+) -> anyhow::Result<Option<Entry>> {
+    match sched {
+        Some(s) => {
+            let Some(slot) = s.last_at_or_before(at) else {
+                return Ok(None);
+            };
+            let found = ledger::entries(&records_since(service, wf, slot)?)
+                .into_iter()
+                .find(|e| e.slot == slot && e.trigger == "schedule");
+            Ok(Some(found.unwrap_or_else(|| ledger::unrecorded(slot))))
+        }
+        None => {
+            let newest = service.engine.store.run_page(&RunQuery {
+                workflow: Some(wf.id.clone()),
+                until: Some(at + chrono::Duration::milliseconds(1)),
+                limit: 1,
+                ..Default::default()
+            })?;
+            Ok(newest.first().map(ledger::entry))
+        }
+    }
+}
+
+/// RFC 3339, or `YYYY-MM-DD HH:MM[:SS]` or `HH:MM[:SS]` (today) in the schedule's zone.
+fn parse_time(text: &str, tz: Tz, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    let local = ["%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M"]
+        .iter()
+        .find_map(|f| NaiveDateTime::parse_from_str(text, f).ok())
+        .or_else(|| {
+            let today: NaiveDate = now.with_timezone(&tz).date_naive();
+            ["%H:%M:%S", "%H:%M"]
+                .iter()
+                .find_map(|f| NaiveTime::parse_from_str(text, f).ok())
+                .map(|t| today.and_time(t))
+        })
+        .ok_or_else(|| {
+            anyhow!("TIME `{text}` is not a time: give RFC 3339 (2026-12-04T09:00:00Z), `2026-12-04 09:00` or `09:00` (today), read in {}", tz.name())
+        })?;
+    tz.from_local_datetime(&local)
+        .latest()
+        .map(|t| t.with_timezone(&Utc))
+        .ok_or_else(|| {
+            anyhow!(
+                "TIME `{text}` does not exist in {} (a daylight-saving gap)",
+                tz.name()
+            )
+        })
+}

@@ -1,0 +1,427 @@
+//! Steer by exception, against a real daemon and receivers steward did not write
+//! (aiosmtpd for mail, Python's http.server for webhooks, `tests/fixtures/alert_sink.py`):
+//! the breaker's alert goes out once per channel, a spend window pauses a workflow, a
+//! daemon stopped across a slot reports `missed` and `overdue` when it starts, `steward
+//! why` names what became of each slot, and a webhook that is down neither delays a run
+//! nor loses its alert.
+
+mod util;
+
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use util::{wait_for, Env, Spec};
+
+/// The alert receivers, killed on drop.
+struct Sink {
+    child: Child,
+    out: std::path::PathBuf,
+    smtp: u16,
+    http: u16,
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sink(env: &Env, name: &str, http_port: Option<u16>) -> Sink {
+    let out = env.path(name);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/alert_sink.py");
+    let mut cmd = Command::new(util::python());
+    cmd.arg(script).arg(&out);
+    if let Some(p) = http_port {
+        cmd.args(["--http-port", &p.to_string()]);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start alert_sink.py");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.len(), 4, "alert_sink.py said {line:?}");
+    Sink {
+        child,
+        out,
+        smtp: words[1].parse().unwrap(),
+        http: words[3].parse().unwrap(),
+    }
+}
+
+impl Sink {
+    fn received(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn of(&self, via: &str, event: &str) -> Vec<Value> {
+        self.received()
+            .into_iter()
+            .filter(|m| m["via"] == via)
+            .filter(|m| {
+                let text = m["subject"].as_str().unwrap_or("").to_string()
+                    + m["body"].as_str().unwrap_or("");
+                text.contains(&format!("] {event}:"))
+                    || text.contains(&format!("\"event\":\"{event}\""))
+            })
+            .collect()
+    }
+}
+
+/// steward.toml with the sink's SMTP server and the given `[[notify]]` tables.
+fn settings(env: &Env, sink: &Sink, notify: &str) {
+    std::fs::write(
+        env.config.join("steward.toml"),
+        format!("{}\n{notify}", util::smtp_settings(sink.smtp)),
+    )
+    .unwrap();
+}
+
+fn alert_lines(env: &Env, status: &str) -> Vec<Value> {
+    env.runlog()
+        .into_iter()
+        .filter(|l| l["step"] == "alert" && l["status"] == status)
+        .collect()
+}
+
+fn paused(env: &Env, wf: &str) -> Value {
+    env.steward(&["list", "--json"])
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["id"] == wf)
+        .map(|w| w["paused"].clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn three_failing_runs_open_the_breaker_and_alert_each_channel_once() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    settings(
+        &env,
+        &sink,
+        &format!(
+            "[[notify]]\nkind = \"email\"\nto = [\"ops@example.org\"]\nevents = [\"breaker_open\"]\n\n\
+             [[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook/s3cret-token\"\nformat = \"json\"\nevents = [\"breaker_open\", \"dead_letter\"]\n",
+            sink.http
+        ),
+    );
+    env.workflow(
+        &Spec::new(
+            "w",
+            "cat >/dev/null\nif [ -e \"$MARKS/fail\" ]; then exit 1; fi\necho '{}'\n",
+        )
+        .tables("[retry]\nattempts = 1\n[breaker]\nafter = 3\n"),
+    );
+    std::fs::write(env.path("fail"), "").unwrap();
+    let mut d = env.daemon(&[]);
+    for _ in 0..3 {
+        assert_eq!(env.run("w", false).state(), "failed");
+    }
+    wait_for(
+        "the breaker's alert by mail and by webhook",
+        Duration::from_secs(20),
+        || {
+            !sink.of("smtp", "breaker_open").is_empty()
+                && !sink.of("http", "breaker_open").is_empty()
+        },
+    );
+    assert_eq!(paused(&env, "w")["cause"], "breaker");
+    // Three dead letters, but the webhook's dead_letter alerts are held to one per 15 min.
+    wait_for(
+        "the first dead_letter alert",
+        Duration::from_secs(20),
+        || !sink.of("http", "dead_letter").is_empty(),
+    );
+    // A fire while paused is skipped: it opens nothing again and alerts nothing.
+    assert_eq!(env.run("w", false).state(), "skipped");
+    wait_for(
+        "the runlog to record the three deliveries",
+        Duration::from_secs(10),
+        || alert_lines(&env, "sent").len() == 3,
+    );
+    assert_eq!(
+        sink.of("smtp", "breaker_open").len(),
+        1,
+        "{:#?}",
+        sink.received()
+    );
+    assert_eq!(
+        sink.of("http", "breaker_open").len(),
+        1,
+        "{:#?}",
+        sink.received()
+    );
+    assert_eq!(
+        sink.of("http", "dead_letter").len(),
+        1,
+        "{:#?}",
+        sink.received()
+    );
+    let mail = &sink.of("smtp", "breaker_open")[0];
+    assert_eq!(mail["to"], serde_json::json!(["ops@example.org"]));
+    assert!(
+        mail["body"].as_str().unwrap().contains("steward resume w"),
+        "{mail:#}"
+    );
+    let hook: Value =
+        serde_json::from_str(sink.of("http", "breaker_open")[0]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (hook["event"].as_str(), hook["workflow"].as_str()),
+        (Some("breaker_open"), Some("w"))
+    );
+    assert_eq!(
+        sink.of("http", "breaker_open")[0]["path"],
+        "/hook/s3cret-token"
+    );
+    // The webhook's path holds its token: no log names it.
+    assert!(
+        !env.runlog_text().contains("s3cret"),
+        "{}",
+        env.runlog_text()
+    );
+    assert!(!d.log_text().contains("s3cret"), "{}", d.log_text());
+    // Resume restores it: the next fire runs its maker again.
+    std::fs::remove_file(env.path("fail")).unwrap();
+    assert_eq!(env.steward(&["resume", "w"]).code, 0);
+    assert!(paused(&env, "w").is_null());
+    assert_eq!(env.run("w", false).state(), "success");
+    d.stop(Duration::from_secs(10));
+}
+
+#[test]
+fn a_spend_window_reached_by_the_third_run_pauses_the_workflow() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    settings(
+        &env,
+        &sink,
+        &format!(
+            "[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/slack\"\nformat = \"slack\"\nevents = [\"budget_window\"]\n",
+            sink.http
+        ),
+    );
+    env.workflow(
+        &Spec::new("spender", "cat >/dev/null\necho 'charge cost_usd 0.10' >&3\necho x >> \"$MARKS/started\"\necho '{}'\n")
+            .tables("[budget.window]\nperiod = \"24h\"\ncost_usd = 0.30\n"),
+    );
+    let mut d = env.daemon(&[]);
+    for n in 1..=2 {
+        assert_eq!(env.run("spender", false).state(), "success");
+        assert!(paused(&env, "spender").is_null(), "paused after {n} runs");
+    }
+    assert_eq!(env.run("spender", false).state(), "success");
+    let pause = paused(&env, "spender");
+    assert_eq!(pause["cause"], "budget", "{pause:#}");
+    assert!(
+        pause["reason"].as_str().unwrap().contains("0.30"),
+        "{pause:#}"
+    );
+    let out = env.run("spender", false);
+    assert_eq!(out.state(), "skipped", "{out}");
+    assert!(out.reason().contains("budget"), "{out}");
+    let started = std::fs::read_to_string(env.path("started")).unwrap();
+    assert_eq!(
+        started.lines().count(),
+        3,
+        "the fourth fire started its maker"
+    );
+    wait_for("the budget_window alert", Duration::from_secs(20), || {
+        !sink.received().is_empty()
+    });
+    let body: Value = serde_json::from_str(sink.received()[0]["body"].as_str().unwrap()).unwrap();
+    let text = body["text"].as_str().unwrap();
+    assert!(text.contains("budget_window: spender"), "{text}");
+    d.stop(Duration::from_secs(10));
+}
+
+#[test]
+fn a_daemon_stopped_across_a_slot_reports_missed_and_overdue_and_why_names_each_slot() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    settings(
+        &env,
+        &sink,
+        &format!(
+            "[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/\"\nevents = [\"missed\", \"overdue\"]\n",
+            sink.http
+        ),
+    );
+    env.workflow(
+        &Spec::new("tick", "cat >/dev/null\necho '{}'\n")
+            .trigger("schedule = { cron = \"*/2 * * * * *\", catchup = \"none\" }")
+            .tables("[expect]\nwithin = \"1s\"\n"),
+    );
+    let mut d = env.daemon(&[]);
+    wait_for("a fired slot", Duration::from_secs(15), || {
+        util::runs_of(&env, "tick")
+            .iter()
+            .any(|r| r["state"] == "success")
+    });
+    d.stop(Duration::from_secs(10));
+    let stopped = Instant::now();
+    // Let two slots pass with nothing running.
+    wait_for("two slots to pass", Duration::from_secs(10), || {
+        stopped.elapsed() > Duration::from_secs(5)
+    });
+    let before = sink.received().len();
+    let mut d = env.daemon(&[]);
+    wait_for(
+        "missed and overdue alerts after the start",
+        Duration::from_secs(20),
+        || {
+            let new: Vec<Value> = sink.received().into_iter().skip(before).collect();
+            let has = |e: &str| {
+                new.iter().any(|m| {
+                    m["body"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains(&format!("\"event\":\"{e}\""))
+                })
+            };
+            has("missed") && has("overdue")
+        },
+    );
+    let runs = util::runs_of(&env, "tick");
+    assert!(runs.iter().any(|r| r["state"] == "missed"), "{runs:#?}");
+    // Pause it, and let a slot be skipped as paused.
+    assert_eq!(
+        env.steward(&["pause", "tick", "--reason", "maintenance"])
+            .code,
+        0
+    );
+    wait_for(
+        "a slot skipped while paused",
+        Duration::from_secs(15),
+        || {
+            util::runs_of(&env, "tick")
+                .iter()
+                .any(|r| r["state"] == "skipped")
+        },
+    );
+    let why = env.steward(&["why", "tick", "--since", "1h", "--json"]);
+    assert_eq!(why.code, 0, "{why}");
+    let entries = why.json().as_array().cloned().unwrap();
+    let with = |outcome: &str, cause: &str| {
+        entries
+            .iter()
+            .find(|e| e["outcome"] == outcome && e["reason"].as_str().unwrap().starts_with(cause))
+            .cloned()
+    };
+    let fired = with("fired", "success").unwrap_or_else(|| panic!("no fired slot: {entries:#?}"));
+    assert!(fired["run_id"].is_string(), "{fired:#}");
+    let missed =
+        with("missed", "daemon-down").unwrap_or_else(|| panic!("no missed slot: {entries:#?}"));
+    let skipped =
+        with("skipped", "paused").unwrap_or_else(|| panic!("no paused slot: {entries:#?}"));
+    assert!(
+        skipped["reason"].as_str().unwrap().contains("maintenance"),
+        "{skipped:#}"
+    );
+    // One slot asked by its time, as a person would: the same answer in a line.
+    for (entry, word) in [
+        (&fired, "fired"),
+        (&missed, "missed"),
+        (&skipped, "skipped"),
+    ] {
+        let slot = entry["slot"].as_str().unwrap();
+        let out = env.steward(&["why", "tick", slot]);
+        assert_eq!(out.code, 0, "{out}");
+        assert_eq!(out.stdout.lines().count(), 1, "{out}");
+        assert!(out.stdout.contains(word), "{slot}: {out}");
+    }
+    d.stop(Duration::from_secs(10));
+}
+
+#[test]
+fn a_slot_skipped_by_overlap_says_so() {
+    let env = Env::new();
+    env.workflow(
+        &Spec::new("slow", "cat >/dev/null\nsleep 1.5\necho '{}'\n")
+            .trigger("schedule = { cron = \"* * * * * *\" }")
+            .top("overlap = \"skip\"\n"),
+    );
+    let mut d = env.daemon(&[]);
+    wait_for("a slot skipped by overlap", Duration::from_secs(15), || {
+        util::runs_of(&env, "slow")
+            .iter()
+            .any(|r| r["state"] == "skipped")
+    });
+    d.stop(Duration::from_secs(10));
+    let why = env.steward(&["why", "slow", "--since", "1h", "--json"]);
+    let entries = why.json().as_array().cloned().unwrap();
+    let skipped = entries
+        .iter()
+        .find(|e| e["outcome"] == "skipped")
+        .cloned()
+        .unwrap();
+    assert!(
+        skipped["reason"].as_str().unwrap().starts_with("overlap:"),
+        "{skipped:#}"
+    );
+    assert!(skipped["run_id"].is_string());
+}
+
+#[test]
+fn an_unreachable_webhook_does_not_delay_a_run_and_is_retried() {
+    let env = Env::new();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    }; // nothing listens there now
+    std::fs::write(
+        env.config.join("steward.toml"),
+        format!("[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{port}/down\"\nformat = \"ntfy\"\nevents = [\"dead_letter\"]\n"),
+    )
+    .unwrap();
+    env.workflow(&Spec::new("bad", "cat >/dev/null\nexit 1\n").tables("[retry]\nattempts = 1\n"));
+    let mut d = env.daemon(&[]);
+    let out = env.run("bad", false);
+    assert_eq!(out.state(), "failed");
+    wait_for(
+        "a failed delivery, to be retried",
+        Duration::from_secs(10),
+        || !alert_lines(&env, "retrying").is_empty(),
+    );
+    // The run had ended before its alert's first attempt failed: it did not wait for it.
+    let end = env
+        .runlog()
+        .into_iter()
+        .find(|l| l["step"] == "end" && l["workflow"] == "bad")
+        .unwrap();
+    let retry = &alert_lines(&env, "retrying")[0];
+    assert!(end["ts"].as_str() < retry["ts"].as_str(), "{end} / {retry}");
+    assert!(
+        retry["detail"].as_str().unwrap().contains("retrying in"),
+        "{retry}"
+    );
+    // The receiver comes up: a later attempt reaches it.
+    let sink = sink(&env, "alerts.jsonl", Some(port));
+    wait_for("the retried alert", Duration::from_secs(40), || {
+        !sink.received().is_empty()
+    });
+    let got = &sink.received()[0];
+    assert_eq!(got["title"], "[steward] dead_letter: bad", "{got:#}");
+    assert!(
+        got["body"].as_str().unwrap().contains("run ended failed"),
+        "{got:#}"
+    );
+    wait_for(
+        "the runlog to say it was sent",
+        Duration::from_secs(10),
+        || !alert_lines(&env, "sent").is_empty(),
+    );
+    d.stop(Duration::from_secs(10));
+}
