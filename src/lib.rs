@@ -52,6 +52,7 @@ pub mod helper;
 pub mod ledger;
 pub mod limits;
 pub mod live;
+pub mod mail;
 pub mod metrics;
 pub mod process;
 pub mod redact;

@@ -547,3 +547,39 @@ fn a_member_run_that_escalates_holds_the_case_until_its_review_is_settled() {
         "{case}"
     );
 }
+
+#[test]
+fn an_agency_spend_window_holds_every_case_once_their_total_reaches_it() {
+    let env = Env::new();
+    let charge = "cat >/dev/null\necho 'charge cost_usd 0.4' >&3\necho '{\"ok\":1}'\n";
+    env.workflow(&Spec::new("work", charge).dry());
+    let planner = env.script("planner.sh", "cat >/dev/null\necho '{\"action\":\"dispatch\",\"member\":\"worker\",\"task\":\"spend\",\"needed_scope\":[]}'\n");
+    std::fs::create_dir_all(env.config.join("agencies")).unwrap();
+    // Each case may spend 5.00, the agency 1.00 a day over all of them.
+    std::fs::write(
+        env.config.join("agencies/spend.toml"),
+        format!("id = \"spendy\"\nmandate = \"m\"\nplanner = [\"{planner}\"]\nescalation_contact = \"x@example.org\"\n[limits]\nmax_turns = 50\nmax_acts = 50\nmax_spend_usd = 5.0\n[limits.window]\nperiod = \"24h\"\nspend_usd = 1.0\n[[roster]]\nname = \"worker\"\nworkflow = \"work\"\n"),
+    )
+    .unwrap();
+    for case in ["c1", "c2"] {
+        env.steward(&["case", "open", "--agency", "spendy", "--case", case]);
+    }
+    // 0.40 + 0.40 in c1, then 0.40 in c2: 1.20 in all.
+    for case in ["c1", "c1", "c2"] {
+        let (_, v) = advance(&env, case, "d", true);
+        assert_eq!(v["agency_turn"]["status"], "advanced", "{v}");
+    }
+    for case in ["c1", "c2"] {
+        let (code, v) = advance(&env, case, "d", true);
+        assert_eq!(
+            (code, v["agency_turn"]["status"].as_str()),
+            (9, Some("held")),
+            "{v}"
+        );
+        let reason = v["agency_turn"]["reason"].as_str().unwrap();
+        assert!(reason.contains("1.20 of 1.00 USD"), "{reason}");
+    }
+    // Held, not failed: the case stays open for when the window has room.
+    let status = env.steward(&["case", "status", "c1", "--json"]).json();
+    assert_eq!(status["status"], "open", "{status:#}");
+}

@@ -13,7 +13,7 @@ use crate::runlog::Entry;
 use crate::runner::RunError;
 
 /// Float sums of cents drift; this close to a cap is at it.
-const EPS: f64 = 1e-9;
+pub(super) const EPS: f64 = 1e-9;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaseError {

@@ -150,6 +150,9 @@ pub async fn advance(
     if let Some(t) = over_limit(engine, &case, driver)? {
         return Ok(t);
     }
+    if let Some(t) = over_window(engine, &case)? {
+        return Ok(t);
+    }
     if let Some(run_id) = case.awaiting_review.clone() {
         match settle_review(engine, &case, &run_id)? {
             Some(settled) => case = settled,
@@ -364,6 +367,59 @@ fn over_limit(engine: &Engine, case: &Case, driver: &str) -> Result<Option<Turn>
         "failed",
         Some(reason),
         "nothing: the case is closed",
+    )))
+}
+
+/// The agency's `[limits.window]` reached: the turn is held (nothing appended, the case
+/// stays open) and `budget_window` is alerted, until older spend leaves the window.
+fn over_window(engine: &Engine, case: &Case) -> Result<Option<Turn>, CaseError> {
+    let Some(w) = &case.agency.limits.window else {
+        return Ok(None);
+    };
+    let period = w.period();
+    let since = crate::store::run_id_prefix(
+        chrono::Utc::now()
+            - chrono::Duration::from_std(period).unwrap_or(chrono::Duration::days(1)),
+    );
+    let mut spent = 0.0;
+    for id in engine.store.case_ids()? {
+        let Some((other, _)) = load(engine, &id)? else {
+            continue;
+        };
+        if other.agency.id == case.agency.id {
+            spent += other
+                .receipts
+                .iter()
+                .filter(|r| r.run_id.as_str() >= since.as_str())
+                .map(|r| r.spend_usd)
+                .sum::<f64>();
+        }
+    }
+    if spent + super::case::EPS < w.spend_usd {
+        return Ok(None);
+    }
+    let reason = format!(
+        "agency spend window reached: {spent:.2} of {:.2} USD over all its cases in the last {}",
+        w.spend_usd,
+        humantime::format_duration(period)
+    );
+    log(
+        engine,
+        &case.agency.id,
+        &case.case_id,
+        "held",
+        reason.clone(),
+    );
+    engine.alerts.raise(crate::alert::Alert::new(
+        crate::alert::Event::BudgetWindow,
+        &case.agency.id,
+        format!("{reason}: no case of the agency takes a turn until the window has room"),
+    ));
+    Ok(Some(turn(
+        case,
+        "held",
+        Some(reason),
+        "wait until older spend leaves the window (or raise [limits.window] spend_usd), then advance",
     )))
 }
 

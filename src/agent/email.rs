@@ -4,16 +4,14 @@
 //! Results are per recipient; nothing here touches the written digest.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart};
-use lettre::transport::smtp::authentication::Credentials;
-use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use lettre::{AsyncTransport, Message};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::config::{Smtp, SmtpSecurity};
+use crate::config::Smtp;
 
 /// Recipients from the distribution list, display names kept (`Ada <ada@example.org>`);
 /// Err is the `email_failed=` reason.
@@ -191,7 +189,7 @@ pub async fn send(
         d.error = Some("smtp not configured ([smtp] in steward.toml)".into());
         return d;
     };
-    let transport = match transport(smtp) {
+    let transport = match crate::mail::transport(smtp) {
         Ok(t) => t,
         Err(e) => {
             d.error = Some(e);
@@ -276,41 +274,6 @@ pub async fn send(
         ));
     }
     d
-}
-
-pub(crate) fn transport(smtp: &Smtp) -> Result<AsyncSmtpTransport<Tokio1Executor>, String> {
-    let mut b = match smtp.security {
-        SmtpSecurity::Plain => {
-            let loopback = matches!(smtp.host.as_str(), "localhost" | "127.0.0.1" | "::1");
-            if !loopback {
-                return Err(format!(
-                    "smtp.security = \"plain\" is allowed only for loopback, not {}",
-                    smtp.host
-                ));
-            }
-            AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(&smtp.host)
-        }
-        SmtpSecurity::Starttls => AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(&smtp.host)
-            .map_err(|e| format!("smtp: {e}"))?,
-        SmtpSecurity::Tls => AsyncSmtpTransport::<Tokio1Executor>::relay(&smtp.host)
-            .map_err(|e| format!("smtp: {e}"))?,
-    };
-    if let Some(port) = smtp.port {
-        b = b.port(port);
-    }
-    b = b.timeout(Some(Duration::from_secs(30)));
-    if let Some(user_env) = &smtp.username_env {
-        let user = crate::secret::require(user_env, &format!("smtp username {user_env}"))
-            .map_err(|e| e.to_string())?;
-        let pass_env = smtp
-            .password_env
-            .as_deref()
-            .unwrap_or("STEWARD_SMTP_PASSWORD");
-        let pass = crate::secret::require(pass_env, &format!("smtp password {pass_env}"))
-            .map_err(|e| e.to_string())?;
-        b = b.credentials(Credentials::new(user, pass));
-    }
-    Ok(b.build())
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use lettre::message::Mailbox;
 use lettre::{AsyncTransport, Message};
 use serde_json::json;
 
-use super::{backoff, Alert};
+use super::message::Alert;
 use crate::config::notify::{ChannelKind, NotifyChannel, WebhookFormat};
 use crate::config::Smtp;
 use crate::redact::Redactor;
@@ -85,7 +85,7 @@ fn record(log: &RunLog, alert: &Alert, attempt: u32, status: &str, detail: Strin
 
 async fn email(channel: &NotifyChannel, smtp: Option<&Smtp>, alert: &Alert) -> Result<(), String> {
     let smtp = smtp.ok_or("smtp not configured ([smtp] in steward.toml)")?;
-    let transport = crate::agent::email::transport(smtp)?;
+    let transport = crate::mail::transport(smtp)?;
     let from: Mailbox = smtp
         .from
         .parse()
@@ -174,4 +174,9 @@ fn describe(e: &reqwest::Error) -> String {
     } else {
         format!("{kind}: {cause}")
     }
+}
+
+/// Waits between delivery attempts: 1 s, 2 s, 4 s, … (seven attempts over about a minute).
+pub fn backoff(attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << attempt.min(5))
 }

@@ -11,12 +11,13 @@
 //! channel by its label (a webhook's scheme, host and port only: its path may hold a token).
 
 mod deliver;
+mod message;
+
+pub use message::Alert;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -27,57 +28,6 @@ use crate::runlog::RunLog;
 
 /// Alerts waiting for the dispatcher at most; beyond, an alert is dropped and logged.
 const QUEUE: usize = 1024;
-
-/// One thing a person should know about.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Alert {
-    pub event: Event,
-    pub workflow: String,
-    /// One or two sentences: what happened and what to do.
-    pub message: String,
-    pub run_id: Option<String>,
-    pub at: DateTime<Utc>,
-    /// Alerts of the same workflow and event this channel held back before this one.
-    pub held_back: u32,
-}
-
-impl Alert {
-    pub fn new(event: Event, workflow: &str, message: impl Into<String>) -> Alert {
-        Alert {
-            event,
-            workflow: workflow.to_string(),
-            message: message.into(),
-            run_id: None,
-            at: Utc::now(),
-            held_back: 0,
-        }
-    }
-
-    pub fn run(mut self, run_id: &str) -> Alert {
-        self.run_id = Some(run_id.to_string());
-        self
-    }
-
-    /// `[steward] breaker_open: nightly`.
-    pub fn subject(&self) -> String {
-        format!("[steward] {}: {}", self.event, self.workflow)
-    }
-
-    /// The message with the run and what was held back, as a person reads it.
-    pub fn text(&self) -> String {
-        let mut t = format!("{}: {}", self.subject(), self.message);
-        if let Some(run) = &self.run_id {
-            t.push_str(&format!(" (run {run})"));
-        }
-        if self.held_back > 0 {
-            t.push_str(&format!(
-                " — {} more {} alert(s) of {} were held back",
-                self.held_back, self.event, self.workflow
-            ));
-        }
-        t
-    }
-}
 
 /// Where alerts are raised; clones share the dispatcher. `Alerts::default()` sends
 /// nothing (the CLI's own process, tests of the engine alone).
@@ -92,6 +42,16 @@ pub struct Alerts {
 pub struct Channels {
     pub list: Vec<NotifyChannel>,
     pub smtp: Option<Smtp>,
+}
+
+impl Channels {
+    /// The `[[notify]]` channels of a config, with the relay its email channels use.
+    pub fn of(config: &crate::config::Config) -> Channels {
+        Channels {
+            list: config.settings.notify.clone(),
+            smtp: config.settings.smtp.clone(),
+        }
+    }
 }
 
 impl Alerts {
@@ -243,9 +203,4 @@ impl Dispatcher {
         let runlog = self.runlog.clone();
         tokio::spawn(deliver::with_retries(channel, smtp, alert, runlog));
     }
-}
-
-/// Waits between delivery attempts: 1 s, 2 s, 4 s, … (seven attempts over about a minute).
-pub fn backoff(attempt: u32) -> Duration {
-    Duration::from_secs(1u64 << attempt.min(5))
 }

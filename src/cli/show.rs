@@ -224,6 +224,7 @@ fn case_response(response: &Response, view: &View) -> Shown {
             s.code = match turn.status.as_str() {
                 "refused" => 4,
                 "failed" => 5,
+                "held" => 9,
                 _ => 0,
             };
         }

@@ -28,6 +28,26 @@ pub struct Limits {
     pub max_turns: u64,
     pub max_acts: u64,
     pub max_spend_usd: f64,
+    /// `[limits.window]`: the agency's spend over all its cases in a rolling period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<LimitsWindow>,
+}
+
+/// `[limits.window]`: when the member runs of every case of the agency spent `spend_usd`
+/// within the last `period`, no case takes a new turn (held, and `budget_window` alerted)
+/// until the window has room again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsWindow {
+    pub period: String,
+    pub spend_usd: f64,
+}
+
+impl LimitsWindow {
+    /// The period (validated when the config was loaded).
+    pub fn period(&self) -> std::time::Duration {
+        humantime::parse_duration(&self.period).unwrap_or(std::time::Duration::from_secs(86_400))
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -127,6 +147,23 @@ pub fn load(
                 "limits.max_spend_usd",
                 "limits.max_spend_usd must be zero or more".into(),
             ));
+        }
+        if let Some(w) = &a.limits.window {
+            if !humantime::parse_duration(&w.period).is_ok_and(|p| !p.is_zero()) {
+                problems.push(at_key(
+                    "limits.window.period",
+                    format!(
+                        "limits.window.period: `{}` is not a duration (e.g. \"24h\", \"7days\")",
+                        w.period
+                    ),
+                ));
+            }
+            if !(w.spend_usd.is_finite() && w.spend_usd >= 0.0) {
+                problems.push(at_key(
+                    "limits.window.spend_usd",
+                    "limits.window.spend_usd must be zero or more".into(),
+                ));
+            }
         }
         let mut names = std::collections::BTreeSet::new();
         for m in &a.roster {

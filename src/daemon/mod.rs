@@ -70,7 +70,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         Err(e) => tracing::warn!("could not prune old run records: {e}"),
     }
     let (alerts, alert_channels) =
-        crate::alert::start(alert_channels(&config), engine.runlog.clone());
+        crate::alert::start(crate::alert::Channels::of(&config), engine.runlog.clone());
     engine.alerts = alerts;
     for id in &recovery.interrupted_runs {
         tracing::warn!(run = %id, "run was in flight when steward last stopped: recorded interrupted");
@@ -262,14 +262,6 @@ async fn watch_expectations(shared: Arc<Shared>, stop: CancellationToken) {
         let config = shared.config();
         watch.check(&shared.engine, &config, chrono::Utc::now());
         shared.expect_checked.notify_one();
-    }
-}
-
-/// The `[[notify]]` channels of a config, with the relay its email channels use.
-pub(crate) fn alert_channels(config: &crate::config::Config) -> crate::alert::Channels {
-    crate::alert::Channels {
-        list: config.settings.notify.clone(),
-        smtp: config.settings.smtp.clone(),
     }
 }
 

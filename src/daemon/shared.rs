@@ -97,7 +97,7 @@ impl Shared {
     /// After a config swap: the alert channels it names, and a `go_live_needed` alert
     /// for each approved workflow whose file changed since its approval.
     pub(super) fn config_swapped(&self, config: &Config) {
-        self.alert_channels.set(super::alert_channels(config));
+        self.alert_channels.set(crate::alert::Channels::of(config));
         let alerts = &self.engine.alerts;
         if !alerts.wants(crate::alert::Event::GoLiveNeeded) {
             return;

@@ -847,7 +847,17 @@ mod tests {
             store.meta.remove(RUN_COUNT).unwrap(); // as a store written before the count
             store.flush().unwrap();
         }
-        let (store, _) = SledStore::open(dir.path()).unwrap();
+        // sled's flusher thread lets go of the file lock a moment after the drop.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let store = loop {
+            match SledStore::open(dir.path()) {
+                Ok((store, _)) => break store,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                Err(e) => panic!("cannot reopen the store: {e}"),
+            }
+        };
         assert_eq!(store.run_count().unwrap(), 3);
         let left = run_ids(&store);
         assert_eq!(left, vec![ids[4].clone(), ids[3].clone(), ids[2].clone()]);

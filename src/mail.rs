@@ -1,0 +1,46 @@
+//! The SMTP relay `[smtp]` in steward.toml names, as a lettre transport: STARTTLS,
+//! implicit TLS, or plain (loopback only), credentials from env vars. Digests and alerts
+//! both send through it.
+
+use std::time::Duration;
+
+use lettre::transport::smtp::authentication::Credentials;
+use lettre::{AsyncSmtpTransport, Tokio1Executor};
+
+use crate::config::{Smtp, SmtpSecurity};
+
+/// A transport for `smtp`, or why there is none (the reason a send reports).
+pub fn transport(smtp: &Smtp) -> Result<AsyncSmtpTransport<Tokio1Executor>, String> {
+    let mut b = match smtp.security {
+        SmtpSecurity::Plain => {
+            let loopback = matches!(smtp.host.as_str(), "localhost" | "127.0.0.1" | "::1");
+            if !loopback {
+                return Err(format!(
+                    "smtp.security = \"plain\" is allowed only for loopback, not {}",
+                    smtp.host
+                ));
+            }
+            AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(&smtp.host)
+        }
+        SmtpSecurity::Starttls => AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(&smtp.host)
+            .map_err(|e| format!("smtp: {e}"))?,
+        SmtpSecurity::Tls => AsyncSmtpTransport::<Tokio1Executor>::relay(&smtp.host)
+            .map_err(|e| format!("smtp: {e}"))?,
+    };
+    if let Some(port) = smtp.port {
+        b = b.port(port);
+    }
+    b = b.timeout(Some(Duration::from_secs(30)));
+    if let Some(user_env) = &smtp.username_env {
+        let user = crate::secret::require(user_env, &format!("smtp username {user_env}"))
+            .map_err(|e| e.to_string())?;
+        let pass_env = smtp
+            .password_env
+            .as_deref()
+            .unwrap_or("STEWARD_SMTP_PASSWORD");
+        let pass = crate::secret::require(pass_env, &format!("smtp password {pass_env}"))
+            .map_err(|e| e.to_string())?;
+        b = b.credentials(Credentials::new(user, pass));
+    }
+    Ok(b.build())
+}
