@@ -425,3 +425,266 @@ fn an_unreachable_webhook_does_not_delay_a_run_and_is_retried() {
     );
     d.stop(Duration::from_secs(10));
 }
+
+/// The webhook bodies the sink received for `event`, parsed (format = "json").
+fn hooks(sink: &Sink, event: &str) -> Vec<Value> {
+    sink.of("http", event)
+        .iter()
+        .map(|m| serde_json::from_str(m["body"].as_str().unwrap()).unwrap())
+        .collect()
+}
+
+fn webhook_settings(env: &Env, sink: &Sink, events: &str, extra: &str) {
+    settings(
+        env,
+        sink,
+        &format!(
+            "[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/\"\nevents = [{events}]\n{extra}",
+            sink.http
+        ),
+    );
+}
+
+#[test]
+fn alerts_held_back_are_counted_and_the_first_success_after_failures_is_recovered() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    webhook_settings(
+        &env,
+        &sink,
+        "\"dead_letter\", \"recovered\"",
+        "every = \"2s\"\n",
+    );
+    env.workflow(
+        &Spec::new(
+            "w",
+            "cat >/dev/null\nif [ -e \"$MARKS/fail\" ]; then exit 1; fi\necho '{}'\n",
+        )
+        .tables("[retry]\nattempts = 1\n"),
+    );
+    std::fs::write(env.path("fail"), "").unwrap();
+    let mut d = env.daemon(&[]);
+    for _ in 0..3 {
+        assert_eq!(env.run("w", false).state(), "failed");
+    }
+    wait_for(
+        "the held-back dead letters reported",
+        Duration::from_secs(20),
+        || hooks(&sink, "dead_letter").len() == 2,
+    );
+    let got = hooks(&sink, "dead_letter");
+    assert_eq!(got[0]["held_back"], 0, "{got:#?}");
+    // The newest of the two held back is sent, naming the one before it.
+    assert_eq!(got[1]["held_back"], 1, "{got:#?}");
+    assert!(
+        got[1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("1 more dead_letter alert(s)"),
+        "{got:#?}"
+    );
+    let runs = util::runs_of(&env, "w");
+    assert_eq!(got[1]["run_id"], runs[2]["run_id"], "{got:#?}");
+    std::fs::remove_file(env.path("fail")).unwrap();
+    assert_eq!(env.run("w", false).state(), "success");
+    wait_for("the recovered alert", Duration::from_secs(20), || {
+        !hooks(&sink, "recovered").is_empty()
+    });
+    // A second success is not a recovery.
+    assert_eq!(env.run("w", false).state(), "success");
+    wait_for(
+        "the runlog to record three sent alerts",
+        Duration::from_secs(10),
+        || alert_lines(&env, "sent").len() == 3,
+    );
+    assert_eq!(hooks(&sink, "recovered").len(), 1);
+    d.stop(Duration::from_secs(10));
+}
+
+#[test]
+fn a_workflow_fired_far_more_often_than_its_schedule_allows_is_reported() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    webhook_settings(&env, &sink, "\"too_often\"", "");
+    // Once a year on schedule; something keeps firing it by hand.
+    env.workflow(
+        &Spec::new("yearly", "cat >/dev/null\necho '{}'\n")
+            .trigger("schedule = { cron = \"0 0 1 1 *\" }"),
+    );
+    let mut d = env.daemon(&[]);
+    for _ in 0..5 {
+        assert_eq!(env.run("yearly", false).state(), "success");
+    }
+    wait_for("the too_often alert", Duration::from_secs(20), || {
+        !hooks(&sink, "too_often").is_empty()
+    });
+    let got = &hooks(&sink, "too_often")[0];
+    assert!(
+        got["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("5 runs in the last hour"),
+        "{got:#}"
+    );
+    d.stop(Duration::from_secs(10));
+}
+
+#[test]
+fn a_queue_workflow_without_its_expected_runs_is_overdue() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    webhook_settings(&env, &sink, "\"overdue\"", "");
+    env.workflow(
+        &Spec::new("inbox", "cat >/dev/null\necho '{}'\n")
+            .trigger("queue = \"inbox\"")
+            .tables("[expect]\nat_least = \"1/2s\"\n"),
+    );
+    let mut d = env.daemon(&[]);
+    wait_for("the overdue alert", Duration::from_secs(20), || {
+        !hooks(&sink, "overdue").is_empty()
+    });
+    let got = &hooks(&sink, "overdue")[0];
+    assert_eq!(got["workflow"], "inbox");
+    assert!(
+        got["message"]
+            .as_str()
+            .unwrap()
+            .contains("0 successful run(s) in the last 2s, expected at least 1"),
+        "{got:#}"
+    );
+    d.stop(Duration::from_secs(10));
+}
+
+#[test]
+fn editing_an_approved_workflow_asks_for_go_live_again() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    webhook_settings(&env, &sink, "\"go_live_needed\"", "");
+    let path = env.live_workflow(&Spec::new("w", "cat >/dev/null\necho '{}'\n"));
+    let mut d = env.daemon(&[]);
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("max_tokens = 1000", "max_tokens = 999")).unwrap();
+    wait_for("the go_live_needed alert", Duration::from_secs(20), || {
+        !hooks(&sink, "go_live_needed").is_empty()
+    });
+    let got = &hooks(&sink, "go_live_needed")[0];
+    assert!(
+        got["message"]
+            .as_str()
+            .unwrap()
+            .contains("steward go-live w"),
+        "{got:#}"
+    );
+    d.stop(Duration::from_secs(10));
+}
+
+#[test]
+fn a_resumed_schedule_catches_up_the_newest_slot_it_skipped_while_paused() {
+    let env = Env::new();
+    env.workflow(&Spec::new("tick", "cat >/dev/null\necho '{}'\n").trigger(
+        "schedule = { cron = \"* * * * * *\", catchup = \"latest\", catchup_window_s = 3600 }",
+    ));
+    let mut d = env.daemon(&[]);
+    assert_eq!(env.steward(&["pause", "tick"]).code, 0);
+    let skipped = |env: &Env| {
+        util::runs_of(env, "tick")
+            .into_iter()
+            .filter(|r| r["state"] == "skipped")
+            .collect::<Vec<_>>()
+    };
+    wait_for(
+        "two slots skipped while paused",
+        Duration::from_secs(15),
+        || skipped(&env).len() >= 2,
+    );
+    assert_eq!(env.steward(&["resume", "tick"]).code, 0);
+    wait_for(
+        "the catch-up run after the pause",
+        Duration::from_secs(15),
+        || {
+            util::runs_of(&env, "tick")
+                .iter()
+                .any(|r| r["trigger"]["after_pause"] == true && r["state"] == "success")
+        },
+    );
+    d.stop(Duration::from_secs(10));
+    let caught: Vec<Value> = util::runs_of(&env, "tick")
+        .into_iter()
+        .filter(|r| r["trigger"]["after_pause"] == true)
+        .collect();
+    // `latest`: one run, for a slot that was skipped while paused.
+    assert_eq!(caught.len(), 1, "{caught:#?}");
+    let slot = caught[0]["trigger"]["scheduled_for"].clone();
+    assert!(
+        skipped(&env)
+            .iter()
+            .any(|r| r["trigger"]["scheduled_for"] == slot),
+        "{slot}"
+    );
+    let why = env.steward(&["why", "tick", slot.as_str().unwrap()]);
+    assert!(why.stdout.contains("caught-up"), "{why}");
+}
+
+#[test]
+fn jitter_delays_each_fire_by_the_same_amount_and_next_shows_it() {
+    let env = Env::new();
+    // The delay is a hash of the name within the jitter: this name's is 1.84 s of 2 s.
+    env.workflow(
+        &Spec::new("spread", "cat >/dev/null\necho '{}'\n")
+            .trigger("schedule = { cron = \"*/3 * * * * *\", jitter = \"2s\" }"),
+    );
+    let fires = |args: &[&str]| -> Vec<chrono::DateTime<chrono::FixedOffset>> {
+        let out = env.steward(args);
+        assert_eq!(out.code, 0, "{out}");
+        out.json()["fires"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| chrono::DateTime::parse_from_rfc3339(f.as_str().unwrap()).unwrap())
+            .collect()
+    };
+    let from = "2027-01-01T00:00:00Z";
+    let jittered = fires(&["next", "spread", "--from", from, "--count", "3", "--json"]);
+    let slots = fires(&[
+        "calendar",
+        "*/3 * * * * *",
+        "--from",
+        from,
+        "--count",
+        "3",
+        "--json",
+    ]);
+    let delays: Vec<i64> = jittered
+        .iter()
+        .zip(&slots)
+        .map(|(j, s)| (*j - *s).num_milliseconds())
+        .collect();
+    assert!(delays.iter().all(|d| *d == delays[0]), "{delays:?}");
+    assert!((500..=2000).contains(&delays[0]), "{delays:?}");
+    let text = env.steward(&["next", "spread"]).stdout;
+    assert!(
+        text.contains(&format!(
+            "each fire starts {:.1}s after its slot",
+            delays[0] as f64 / 1000.0
+        )),
+        "{text}"
+    );
+    // The daemon starts each run that long after its slot, which the run still records.
+    let mut d = env.daemon(&[]);
+    wait_for("a fired slot", Duration::from_secs(15), || {
+        !util::runs_of(&env, "spread").is_empty()
+    });
+    d.stop(Duration::from_secs(10));
+    let run = &util::runs_of(&env, "spread")[0];
+    let slot =
+        chrono::DateTime::parse_from_rfc3339(run["trigger"]["scheduled_for"].as_str().unwrap())
+            .unwrap();
+    let started =
+        chrono::DateTime::parse_from_rfc3339(run["started_at"].as_str().unwrap()).unwrap();
+    let late = (started - slot).num_milliseconds();
+    assert!(
+        late >= delays[0] && late < delays[0] + 1000,
+        "started {late} ms after its slot, delay {} ms",
+        delays[0]
+    );
+}

@@ -243,3 +243,69 @@ fn budget_resource_caps_parse_and_bad_ones_name_the_field() {
         );
     }
 }
+
+/// The keys of steering by exception: each mistake names its file, line and key.
+#[test]
+fn notify_window_expect_and_jitter_mistakes_name_the_key() {
+    let env = Env::new();
+    let path = broken(&env, "w", |t| {
+        t.replace("[budget]\n", "[expect]\nwithin = \"15m\"\n\n[budget]\n")
+            + "\n[budget.window]\nperiod = \"soon\"\n"
+    });
+    std::fs::write(
+        env.config.join("steward.toml"),
+        "[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\nevents = [\"overdue\"]\n\n[[notify]]\nkind = \"email\"\nto = [\"ops@example.org\"]\nevents = [\"breaker_opn\"]\n",
+    )
+    .unwrap();
+    let out = validate(&env);
+    assert_eq!(out.code, 1, "{out}");
+    // An unknown event names what exists.
+    assert!(out.stderr.contains("steward.toml:9:"), "{out}");
+    assert!(
+        out.stderr.contains("unknown variant `breaker_opn`"),
+        "{out}"
+    );
+    assert!(out.stderr.contains("breaker_open"), "{out}");
+    std::fs::write(
+        env.config.join("steward.toml"),
+        "[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\nevents = [\"overdue\"]\n\n[[notify]]\nkind = \"email\"\nevents = [\"overdue\"]\n",
+    )
+    .unwrap();
+    let out = validate(&env);
+    let text = &out.stderr;
+    assert!(text.contains("steward.toml:6:1: notify[1].to:"), "{out}");
+    assert!(
+        text.contains("notify[1].kind: an email channel needs the [smtp] table"),
+        "{out}"
+    );
+    let want = format!("{}:{}:", path.display(), line_of(&path, "within"));
+    assert!(
+        text.contains(&want) && text.contains("expect.within is for a schedule"),
+        "{out}"
+    );
+    let want = format!("{}:{}:", path.display(), line_of(&path, "period"));
+    assert!(
+        text.contains(&want) && text.contains("budget.window.period: `soon`"),
+        "{out}"
+    );
+
+    // A jitter that is not a duration, and a window without a sum.
+    std::fs::remove_file(env.config.join("steward.toml")).unwrap();
+    let path = broken(&env, "w", |t| {
+        t.replace(
+            "manual = true",
+            "schedule = { cron = \"0 9 * * *\", jitter = \"lots\" }",
+        ) + "\n[budget.window]\nperiod = \"24h\"\n"
+    });
+    let out = validate(&env);
+    let want = format!("{}:{}:", path.display(), line_of(&path, "jitter"));
+    assert!(
+        out.stderr.contains(&want) && out.stderr.contains("schedule.jitter `lots`"),
+        "{out}"
+    );
+    assert!(
+        out.stderr
+            .contains("[budget.window] needs at least one of cost_usd, tokens, runs"),
+        "{out}"
+    );
+}

@@ -23,6 +23,19 @@ const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Delivers `alert` to `channel`, retrying with backoff; gives up after [`ATTEMPTS`].
 pub async fn with_retries(channel: NotifyChannel, smtp: Option<Smtp>, alert: Alert, log: RunLog) {
     let label = channel.label();
+    // A webhook whose URL variable is unset cannot succeed by waiting: said once, not retried.
+    if let (ChannelKind::Webhook, None, Some(var)) = (channel.kind, &channel.url, &channel.url_env)
+    {
+        if crate::secret::lookup(var).is_none_or(|v| v.is_empty()) {
+            let detail = format!(
+                "{} to {label}: env var {var} is not set: dropped",
+                alert.event
+            );
+            tracing::warn!(channel = %label, workflow = %alert.workflow, "{detail}");
+            record(&log, &alert, 1, "dropped", detail);
+            return;
+        }
+    }
     for attempt in 1..=ATTEMPTS {
         let result = match channel.kind {
             ChannelKind::Email => email(&channel, smtp.as_ref(), &alert).await,
@@ -115,7 +128,9 @@ fn one_line(s: &str) -> String {
 async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), String> {
     let url = match (&channel.url, &channel.url_env) {
         (Some(u), _) => u.clone(),
-        (None, Some(var)) => std::env::var(var).map_err(|_| format!("env var {var} is not set"))?,
+        (None, Some(var)) => {
+            crate::secret::lookup(var).ok_or_else(|| format!("env var {var} is not set"))?
+        }
         (None, None) => return Err("no url".into()),
     };
     let client = reqwest::Client::builder()

@@ -475,6 +475,7 @@ impl Validator<'_> {
     fn expect(&mut self, raw: Spanned<RawExpect>, trigger: Option<&Trigger>) -> Option<Expect> {
         let span = raw.span();
         let e = raw.into_inner();
+        let within_at = e.within.as_ref().map_or(span.clone(), |w| w.span());
         let within = e
             .within
             .and_then(|w| match humantime::parse_duration(w.get_ref()) {
@@ -501,7 +502,7 @@ impl Validator<'_> {
             }
         });
         if within.is_some() && !matches!(trigger, Some(Trigger::Schedule(_))) {
-            self.err(span.clone(), "expect.within is for a schedule (it counts from each slot); a file, queue or webhook workflow takes expect.at_least = \"1/day\"");
+            self.err(within_at, "expect.within is for a schedule (it counts from each slot); a file, queue or webhook workflow takes expect.at_least = \"1/day\"");
         }
         if within.is_none() && at_least.is_none() {
             self.err(

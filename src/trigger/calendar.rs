@@ -329,10 +329,12 @@ impl Calendar {
     }
 
     /// `t` as an RFC 3339 time with the zone's UTC offset: `2027-10-31T02:00:00+01:00`.
+    /// `t` in the calendar's zone; fractions of a second only when there are some (a
+    /// workflow's jitter delay).
     pub fn local_rfc3339(&self, t: DateTime<Utc>) -> String {
         t.with_timezone(&self.tz)
             .fixed_offset()
-            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
     }
 }
 
