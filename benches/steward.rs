@@ -214,6 +214,18 @@ impl Governed {
         }
     }
 
+    /// The same, raising alerts to `channels` (the daemon's dispatcher, started here).
+    fn alerting(dir: &Path, workflow: String, channels: steward::alert::Channels) -> Governed {
+        let mut g = Governed::with(dir, workflow);
+        let mut engine = g.runner.engine().clone();
+        engine.alerts = {
+            let _rt = g.rt.enter(); // the dispatcher is a task on the bench's runtime
+            steward::alert::start(channels, engine.runlog.clone()).0
+        };
+        g.runner = steward::runner::Runner::new(engine, 8);
+        g
+    }
+
     /// `n` runs, `parallel` at a time; returns runs/s and store flushes per run.
     fn runs(&self, n: usize, parallel: usize) -> (f64, f64) {
         let flushes0 = steward::store::flush_count();
@@ -226,7 +238,8 @@ impl Governed {
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..per {
                         let rec = governed_run(&runner, &wf, steward::live::Ask::Live).await;
-                        assert!(rec.committed, "{}", rec.reason);
+                        let failing = wf.run.argv[0] == "/bin/false";
+                        assert!(rec.committed || failing, "{}", rec.reason);
                     }
                 }));
             }
@@ -283,6 +296,55 @@ fn sandbox_cost(dir: &Path, n: usize) -> (f64, f64) {
         v[v.len() / 2]
     };
     (median(a), median(b))
+}
+
+/// Sequential governed runs with every alert event wanted by a webhook channel (one that
+/// refuses connections: each delivery fails and is retried off the run's path) and with
+/// no channel, in five alternating rounds; medians of runs/s for a passing workflow (each
+/// run asks whether it recovered) and a failing one (each run raises a dead_letter alert,
+/// held back by the rate limit). The ledger `steward why` reads costs a run nothing: it
+/// is the run records themselves.
+fn alerts_cost(dir: &Path, n: usize) -> [(f64, f64); 2] {
+    const ROUNDS: usize = 5;
+    let refused = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // dropped: nothing listens there
+    let channels = steward::alert::Channels {
+        list: vec![toml::from_str(&format!(
+            "kind = \"webhook\"\nurl = \"http://127.0.0.1:{refused}/\"\nevents = [{}]\n",
+            steward::alert::Event::ALL
+                .map(|e| format!("\"{e}\""))
+                .join(", ")
+        ))
+        .unwrap()],
+        smtp: None,
+    };
+    let failing =
+        true_workflow().replacen("command = [\"/bin/true\"]", "command = [\"/bin/false\"]", 1)
+            + "[retry]\nattempts = 1\n";
+    let mut out = [(0.0, 0.0); 2];
+    for (i, workflow) in [true_workflow(), failing].into_iter().enumerate() {
+        let on = Governed::alerting(
+            &dir.join(format!("on{i}")),
+            workflow.clone(),
+            channels.clone(),
+        );
+        let off = Governed::with(&dir.join(format!("off{i}")), workflow);
+        let batch = (n / ROUNDS).max(1);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            a.push(on.runs(batch, 1).0);
+            b.push(off.runs(batch, 1).0);
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        out[i] = (median(a), median(b));
+    }
+    out
 }
 
 /// The bare limit: the same 3×N processes, spawned with no bookkeeping at all.
@@ -958,8 +1020,8 @@ fn main() {
         "quick"
     };
     let s = sizes(mode);
-    // `--only seen` (or throughput, sandbox, latency, breach, scale, drain, reading,
-    // growth, dashboard) runs one figure.
+    // `--only seen` (or throughput, sandbox, alerts, latency, breach, scale, drain,
+    // reading, growth, dashboard) runs one figure.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -1027,6 +1089,20 @@ fn main() {
             format!("{:.2}", on / off),
             json!({ "sandbox_on": on, "sandbox_off": off }),
         );
+    }
+
+    if want("alerts") {
+        r.mark();
+        let [pass, fail] = alerts_cost(&dir("alerts"), s.runs);
+        for ((on, off), label) in [(pass, "passing"), (fail, "failing, each alerting")] {
+            r.row(
+                &format!("sequential {label}: alerts on vs off (runs/s)"),
+                format!("{on:.0}"),
+                format!("off {off:.0}"),
+                format!("{:.2}", on / off),
+                json!({ "alerts_on": on, "alerts_off": off }),
+            );
+        }
     }
 
     let (file, queue, cron) = if want("latency") {

@@ -111,7 +111,14 @@ struct Gate {
     latest: Option<Alert>,
 }
 
-type GateKey = (String, String, Event); // channel label, workflow, event
+/// (channel id, workflow, event). The id is a hash of the whole channel table: two
+/// webhooks on one host are two channels, and no URL is kept where a log could show it.
+type GateKey = (String, String, Event);
+
+fn channel_id(channel: &NotifyChannel) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(format!("{channel:?}").as_bytes())[..8])
+}
 
 struct Dispatcher {
     channels: watch::Receiver<Arc<Channels>>,
@@ -149,7 +156,7 @@ impl Dispatcher {
             .iter()
             .filter(|c| c.events.contains(&alert.event))
         {
-            let key = (channel.label(), alert.workflow.clone(), alert.event);
+            let key = (channel_id(channel), alert.workflow.clone(), alert.event);
             let every = channel.every();
             match self.gates.get_mut(&key) {
                 Some(g) if g.last_sent.elapsed() < every => {
@@ -164,7 +171,7 @@ impl Dispatcher {
                     }
                     g.held += 1;
                     g.latest = Some(alert.clone());
-                    tracing::info!(channel = %key.0, workflow = %alert.workflow, event = %alert.event, "alert held back ({} so far)", g.held);
+                    tracing::info!(channel = %channel.label(), workflow = %alert.workflow, event = %alert.event, "alert held back ({} so far)", g.held);
                 }
                 _ => {
                     self.gates.insert(
@@ -194,7 +201,7 @@ impl Dispatcher {
         latest.held_back = gate.held.saturating_sub(1);
         gate.held = 0;
         gate.last_sent = Instant::now();
-        if let Some(channel) = channels.list.iter().find(|c| c.label() == key.0) {
+        if let Some(channel) = channels.list.iter().find(|c| channel_id(c) == key.0) {
             self.send(channel.clone(), channels.smtp.clone(), latest);
         }
     }

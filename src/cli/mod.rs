@@ -266,6 +266,21 @@ fn validate(config: &Path) -> Result<i32> {
                     wf.sandbox.summary(&cfg.root)
                 ));
             }
+            // Where alerts go, one line per channel.
+            for channel in &cfg.settings.notify {
+                let events: Vec<&str> = channel.events.iter().map(|e| e.name()).collect();
+                let unset = channel
+                    .url_env
+                    .as_deref()
+                    .filter(|v| channel.url.is_none() && crate::secret::lookup(v).is_none())
+                    .map(|v| format!(" — {v} is not set: its alerts are dropped"))
+                    .unwrap_or_default();
+                text.push_str(&format!(
+                    "  alerts: {} ({}){unset}\n",
+                    channel.label(),
+                    events.join(", ")
+                ));
+            }
             print_out(&text);
             Ok(0)
         }

@@ -160,7 +160,10 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
         R::Why {
             workflow, entries, ..
         } if entries.is_empty() => {
-            wln!(out, "{workflow}: nothing recorded then: no slot and no fire");
+            wln!(
+                out,
+                "{workflow}: nothing recorded then (no slot, no fire, or older than the oldest record kept)"
+            );
             s.code = 1;
         }
         R::Why {

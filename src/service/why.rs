@@ -82,8 +82,13 @@ fn span_entries(
         .into_iter()
         .filter(|e| e.slot >= from)
         .collect();
-    if let Some(s) = sched {
-        let slots = s.fires_between(from, now);
+    // Slots before the workflow's oldest record kept say nothing: it may not have existed.
+    let horizon = match recorded_before(service, wf, from)? {
+        true => Some(from),
+        false => entries.iter().map(|e| e.slot).min(),
+    };
+    if let (Some(s), Some(horizon)) = (sched, horizon) {
+        let slots = s.fires_between(horizon, now);
         for slot in slots.into_iter().rev().take(MAX_SLOTS) {
             // The slot of the minute now is still on its way (jitter, a run starting).
             if s.fire_at(slot) + chrono::Duration::seconds(2) > now {
@@ -101,6 +106,20 @@ fn span_entries(
     Ok(entries)
 }
 
+/// Whether a run record of `wf` started before `t`.
+fn recorded_before(service: &Service, wf: &Workflow, t: DateTime<Utc>) -> anyhow::Result<bool> {
+    Ok(!service
+        .engine
+        .store
+        .run_page(&RunQuery {
+            workflow: Some(wf.id.clone()),
+            until: Some(t),
+            limit: 1,
+            ..Default::default()
+        })?
+        .is_empty())
+}
+
 /// The slot at or before `at` (a schedule's) or the newest fire at or before it.
 fn slot_entry(
     service: &Service,
@@ -113,10 +132,41 @@ fn slot_entry(
             let Some(slot) = s.last_at_or_before(at) else {
                 return Ok(None);
             };
-            let found = ledger::entries(&records_since(service, wf, slot)?)
-                .into_iter()
-                .find(|e| e.slot == slot && e.trigger == "schedule");
-            Ok(Some(found.unwrap_or_else(|| ledger::unrecorded(slot))))
+            // A slot's own fire starts within moments of it; a `missed` record or a
+            // catch-up comes at the next start, which may be days later.
+            let near = service.engine.store.run_page(&RunQuery {
+                workflow: Some(wf.id.clone()),
+                since: Some(slot),
+                until: Some(slot + chrono::Duration::hours(1)),
+                limit: MAX_RECORDS,
+                ..Default::default()
+            })?;
+            let of_slot = |records: &[crate::store::RunRecord]| {
+                ledger::entries(records)
+                    .into_iter()
+                    .find(|e| e.slot == slot && e.trigger == "schedule")
+            };
+            let ran = |e: &Entry| {
+                matches!(
+                    e.outcome,
+                    ledger::Outcome::Fired | ledger::Outcome::CaughtUp
+                )
+            };
+            let found = match of_slot(&near) {
+                Some(e) if ran(&e) => Some(e),
+                // Skipped or missed then: a catch-up may have run it since.
+                _ => {
+                    let mut all = records_since(service, wf, slot)?;
+                    all.extend(near);
+                    of_slot(&all)
+                }
+            };
+            Ok(match found {
+                Some(e) => Some(e),
+                // Not recorded, after records of it: steward was not running.
+                None if recorded_before(service, wf, slot)? => Some(ledger::unrecorded(slot)),
+                None => None,
+            })
         }
         None => {
             let newest = service.engine.store.run_page(&RunQuery {
