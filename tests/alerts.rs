@@ -688,3 +688,65 @@ fn jitter_delays_each_fire_by_the_same_amount_and_next_shows_it() {
         delays[0]
     );
 }
+
+#[test]
+fn an_escalated_run_and_a_commit_left_in_doubt_are_alerted() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    webhook_settings(&env, &sink, "\"review_waiting\", \"in_doubt\"", "");
+    env.workflow(
+        &Spec::new("asks", "cat >/dev/null\necho '{}'\n")
+            .verify("cat >/dev/null\necho escalate\necho 'needs a human'\n"),
+    );
+    // A live commit killed by its timeout: it may or may not have happened.
+    let path = env.live_workflow(
+        &Spec::new("slowcommit", "cat >/dev/null\necho '{}'\n")
+            .key("fixed")
+            .commit("cat >/dev/null\nsleep 30\n")
+            .tables("[retry]\nattempts = 1\n"),
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let at = text.find("[commit]\ncommand = ").unwrap();
+    let end = at + text[at..].find('\n').unwrap() + 1;
+    let end = end + text[end..].find('\n').unwrap() + 1;
+    std::fs::write(
+        &path,
+        format!("{}timeout_s = 1\n{}", &text[..end], &text[end..]),
+    )
+    .unwrap();
+    assert_eq!(env.steward(&["go-live", "slowcommit"]).code, 0);
+    let mut d = env.daemon(&[]);
+    let asked = env.run("asks", false);
+    assert_eq!(asked.state(), "approval-required", "{asked}");
+    let doubt = env.run("slowcommit", true);
+    assert_eq!(doubt.state(), "failed", "{doubt}");
+    wait_for(
+        "the review_waiting and in_doubt alerts",
+        Duration::from_secs(20),
+        || !hooks(&sink, "review_waiting").is_empty() && !hooks(&sink, "in_doubt").is_empty(),
+    );
+    let review = &hooks(&sink, "review_waiting")[0];
+    assert_eq!(
+        review["run_id"].as_str(),
+        Some(asked.run_id().as_str()),
+        "{review:#}"
+    );
+    assert!(
+        review["message"]
+            .as_str()
+            .unwrap()
+            .contains("needs a human"),
+        "{review:#}"
+    );
+    let doubt_alert = &hooks(&sink, "in_doubt")[0];
+    assert_eq!(
+        doubt_alert["run_id"].as_str(),
+        Some(doubt.run_id().as_str()),
+        "{doubt_alert:#}"
+    );
+    assert!(doubt_alert["message"]
+        .as_str()
+        .unwrap()
+        .contains("steward in-doubt resolve"));
+    d.stop(Duration::from_secs(10));
+}

@@ -568,6 +568,8 @@ fn prometheus_scrapes_the_metrics_and_promtool_accepts_them() {
     let env = Env::new();
     let p = populate(&env);
     let b = board(&env);
+    let paused = env.steward(&["pause", "broken", "--reason", "looking into it"]);
+    assert_eq!(paused.code, 0, "{paused}");
 
     // The classic text, as a plain request gets it, passes promtool's lint.
     let r = request(&b.addr, "GET", "/metrics", &[], "");
@@ -664,6 +666,10 @@ fn prometheus_scrapes_the_metrics_and_promtool_accepts_them() {
         ("steward_dead_letters", "1"),
         ("steward_review_waiting", "1"),
         ("steward_forced_dry_run", "0"),
+        (
+            "steward_paused{workflow=\"broken\",cause=\"operator\"}",
+            "1",
+        ),
         ("steward_run_duration_seconds_count{workflow=\"tidy\"}", "3"),
     ];
     for (query, want) in expect {
