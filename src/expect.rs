@@ -1,9 +1,13 @@
 //! The dead-man's switch (`[expect]`): a schedule's successful run is due `within` of
 //! each slot, a file or queue workflow's `at_least` so many per period. The daemon looks
-//! once at start-up — so a machine that was off reports on boot — and then every few
-//! seconds; a slot overdue (steward down, a run stuck, a trigger starved) raises one
-//! `overdue` alert. It also raises `too_often` when a schedule's workflow ran far more
-//! often in the last hour than its slots allow.
+//! once at start-up — so a machine that was off reports on boot — and then every second;
+//! a slot overdue (steward down, a run stuck, a trigger starved) raises one `overdue`
+//! alert. Every ten seconds it also raises `too_often` when a schedule's workflow ran far
+//! more often in the last hour than its slots allow (when a channel wants that event).
+//!
+//! Each look costs a few reads of the run index per workflow with `[expect]`, each
+//! bounded by what it needs to know (the successes it counts up to, not every run), and
+//! nothing for a workflow without it.
 
 use std::collections::HashMap;
 
@@ -12,13 +16,13 @@ use chrono::{DateTime, Duration, Utc};
 use crate::alert::{Alert, Event};
 use crate::config::{Config, Trigger, Workflow};
 use crate::governed::{Engine, Result};
-use crate::store::{RunQuery, RunRecord, RunState};
+use crate::store::{RunQuery, RunState};
 
 /// How often the daemon looks.
 pub const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Runs looked at per check at most.
-const MAX_RECORDS: usize = 5_000;
+/// Seconds between two looks at a workflow's firing rate (`too_often`).
+const RATE_EVERY: i64 = 10;
 
 /// More runs in an hour than this many times the slots (plus a few) is "far more often".
 const TOO_OFTEN_FACTOR: usize = 3;
@@ -30,6 +34,7 @@ pub struct Watch {
     pub since: Option<DateTime<Utc>>,
     overdue_slot: HashMap<String, DateTime<Utc>>,
     at_least_told: HashMap<String, DateTime<Utc>>,
+    rate_looked: HashMap<String, DateTime<Utc>>,
     too_often_told: HashMap<String, DateTime<Utc>>,
 }
 
@@ -43,65 +48,124 @@ impl Watch {
 
     /// One look at every workflow with `[expect]` (and every schedule, for `too_often`).
     pub fn check(&mut self, engine: &Engine, config: &Config, now: DateTime<Utc>) {
+        let rates = engine.alerts.wants(Event::TooOften);
         for wf in config.workflows.values() {
-            if let Err(e) = self.check_one(engine, wf, now) {
+            let rate = rates && self.rate_due(wf, now);
+            if wf.expect.is_none() && !rate {
+                continue;
+            }
+            if let Err(e) = self.check_one(engine, wf, rate, now) {
                 tracing::error!(workflow = %wf.id, "cannot check when a run is due: {e}");
             }
         }
     }
 
-    fn check_one(&mut self, engine: &Engine, wf: &Workflow, now: DateTime<Utc>) -> Result<()> {
+    /// Whether a schedule's firing rate is due for a look (every [`RATE_EVERY`] seconds).
+    fn rate_due(&mut self, wf: &Workflow, now: DateTime<Utc>) -> bool {
+        if !matches!(wf.trigger, Trigger::Schedule(_)) {
+            return false;
+        }
+        let last = self.rate_looked.get(&wf.id);
+        if last.is_some_and(|t| now - *t < Duration::seconds(RATE_EVERY)) {
+            return false;
+        }
+        self.rate_looked.insert(wf.id.clone(), now);
+        true
+    }
+
+    fn check_one(
+        &mut self,
+        engine: &Engine,
+        wf: &Workflow,
+        rate: bool,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
         // A paused workflow is not expected to run: its pause was alerted or chosen.
-        let expect = match engine.pause_of(&wf.id)? {
-            Some(_) => None,
-            None => wf.expect.as_ref(),
-        };
-        if let (Some(within), Some(sched)) = (expect.and_then(|e| e.within), wf.schedule()) {
-            let within = Duration::from_std(within).unwrap_or(Duration::days(1));
-            if let Some(slot) = sched.last_at_or_before(now - within) {
-                let told = self.overdue_slot.get(&wf.id) == Some(&slot);
-                if !told && !succeeded_since(engine, &wf.id, slot)? {
-                    self.overdue_slot.insert(wf.id.clone(), slot);
-                    engine.alerts.raise(Alert::new(
-                        Event::Overdue,
-                        &wf.id,
-                        format!(
-                            "no run ended successfully within {} of the slot at {} (steward down, a run stuck, or its trigger starved) — `steward why {}`",
-                            humantime::format_duration(within.to_std().unwrap_or_default()),
-                            sched.local(slot),
-                            wf.id
-                        ),
-                    ));
-                }
-            }
+        if engine.pause_of(&wf.id)?.is_some() {
+            return Ok(());
+        }
+        let expect = wf.expect.as_ref();
+        if let Some(within) = expect.and_then(|e| e.within) {
+            self.within(engine, wf, within, now)?;
         }
         if let Some((count, period)) = expect.and_then(|e| e.at_least) {
-            let period = Duration::from_std(period).unwrap_or(Duration::days(1));
-            let from = now - period;
-            let watched =
-                self.since.is_some_and(|s| s <= from) || has_runs_before(engine, &wf.id, from)?;
-            let recent = self.at_least_told.get(&wf.id).is_some_and(|t| *t > from);
-            if watched && !recent {
-                let ok = successes(&records_since(engine, &wf.id, from)?);
-                if ok < count as usize {
-                    self.at_least_told.insert(wf.id.clone(), now);
-                    engine.alerts.raise(Alert::new(
-                        Event::Overdue,
-                        &wf.id,
-                        format!(
-                            "{ok} successful run(s) in the last {}, expected at least {count}",
-                            humantime::format_duration(period.to_std().unwrap_or_default())
-                        ),
-                    ));
-                }
-            }
+            self.at_least(engine, wf, count, period, now)?;
         }
-        if matches!(wf.trigger, Trigger::Schedule(_)) && engine.alerts.wants(Event::TooOften) {
+        if rate {
             self.too_often(engine, wf, now)?;
         }
         Ok(())
     }
 
+    /// `within`: the newest slot whose time is up must have a successful run since.
+    fn within(
+        &mut self,
+        engine: &Engine,
+        wf: &Workflow,
+        within: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let Some(sched) = wf.schedule() else {
+            return Ok(());
+        };
+        let grace = Duration::from_std(within).unwrap_or(Duration::days(1));
+        let Some(slot) = sched.last_at_or_before(now - grace) else {
+            return Ok(());
+        };
+        if self.overdue_slot.get(&wf.id) == Some(&slot) || successes(engine, &wf.id, slot, 1)? > 0 {
+            return Ok(());
+        }
+        self.overdue_slot.insert(wf.id.clone(), slot);
+        engine.alerts.raise(Alert::new(
+            Event::Overdue,
+            &wf.id,
+            format!(
+                "no run ended successfully within {} of the slot at {} (steward down, a run stuck, or its trigger starved) — `steward why {}`",
+                humantime::format_duration(within),
+                sched.local(slot),
+                wf.id
+            ),
+        ));
+        Ok(())
+    }
+
+    /// `at_least`: `count` successful runs in every `period` (judged once a whole period
+    /// was watched, or the workflow has older records); told once per period.
+    fn at_least(
+        &mut self,
+        engine: &Engine,
+        wf: &Workflow,
+        count: u32,
+        period: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let from = now - Duration::from_std(period).unwrap_or(Duration::days(1));
+        if self.at_least_told.get(&wf.id).is_some_and(|t| *t > from) {
+            return Ok(());
+        }
+        let watched = self.since.is_some_and(|s| s <= from)
+            || runs(engine, &wf.id, None, None, Some(from), 1)? > 0;
+        if !watched {
+            return Ok(());
+        }
+        let ok = successes(engine, &wf.id, from, count as usize)?;
+        if ok >= count as usize {
+            return Ok(());
+        }
+        self.at_least_told.insert(wf.id.clone(), now);
+        engine.alerts.raise(Alert::new(
+            Event::Overdue,
+            &wf.id,
+            format!(
+                "{ok} successful run(s) in the last {}, expected at least {count}",
+                humantime::format_duration(period)
+            ),
+        ));
+        Ok(())
+    }
+
+    /// `too_often`: more runs in the last hour than its schedule's slots allow, told at
+    /// most once an hour.
     fn too_often(&mut self, engine: &Engine, wf: &Workflow, now: DateTime<Utc>) -> Result<()> {
         let Some(sched) = wf.schedule() else {
             return Ok(());
@@ -110,55 +174,81 @@ impl Watch {
         if self.too_often_told.get(&wf.id).is_some_and(|t| *t > from) {
             return Ok(());
         }
-        let allowed = sched.fires_between(from, now).len() * TOO_OFTEN_FACTOR + 3;
-        let ran = records_since(engine, &wf.id, from)?
-            .iter()
-            .filter(|r| !matches!(r.state, RunState::Missed))
-            .count();
-        if ran > allowed {
-            self.too_often_told.insert(wf.id.clone(), now);
-            engine.alerts.raise(Alert::new(
-                Event::TooOften,
+        let slots = sched.fires_between(from, now).len();
+        let allowed = slots * TOO_OFTEN_FACTOR + 3;
+        let ran = runs(engine, &wf.id, None, Some(from), None, allowed + 1)?;
+        // Slots recorded `missed` at a start-up are not fires.
+        let missed = || {
+            runs(
+                engine,
                 &wf.id,
-                format!(
-                    "{ran} runs in the last hour, where its schedule has {} slot(s): something fires it outside its schedule",
-                    sched.fires_between(from, now).len()
-                ),
-            ));
+                Some(RunState::Missed),
+                Some(from),
+                None,
+                ran,
+            )
+        };
+        if ran <= allowed || ran - missed()? <= allowed {
+            return Ok(());
         }
+        self.too_often_told.insert(wf.id.clone(), now);
+        engine.alerts.raise(Alert::new(
+            Event::TooOften,
+            &wf.id,
+            format!(
+                "more than {allowed} runs in the last hour, where its schedule has {slots} slot(s): something fires it outside its schedule"
+            ),
+        ));
         Ok(())
     }
 }
 
-fn records_since(engine: &Engine, workflow: &str, from: DateTime<Utc>) -> Result<Vec<RunRecord>> {
-    Ok(engine.store.run_page(&RunQuery {
-        workflow: Some(workflow.to_string()),
-        since: Some(from),
-        limit: MAX_RECORDS,
-        ..Default::default()
-    })?)
-}
-
-fn successes(records: &[RunRecord]) -> usize {
-    records
-        .iter()
-        .filter(|r| matches!(r.state, RunState::Success | RunState::CleanNoOp))
-        .count()
-}
-
-/// Whether a run that started at or after `slot` ended successfully.
-fn succeeded_since(engine: &Engine, workflow: &str, slot: DateTime<Utc>) -> Result<bool> {
-    Ok(successes(&records_since(engine, workflow, slot)?) > 0)
-}
-
-fn has_runs_before(engine: &Engine, workflow: &str, t: DateTime<Utc>) -> Result<bool> {
-    Ok(!engine
+/// Runs of `workflow` (in `state`, if given) started in `[since, until)`, counted up to
+/// `limit`.
+fn runs(
+    engine: &Engine,
+    workflow: &str,
+    state: Option<RunState>,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+    limit: usize,
+) -> Result<usize> {
+    Ok(engine
         .store
         .run_page(&RunQuery {
             workflow: Some(workflow.to_string()),
-            until: Some(t),
-            limit: 1,
+            state,
+            since,
+            until,
+            limit,
             ..Default::default()
         })?
-        .is_empty())
+        .len())
+}
+
+/// Successful runs (`success`, `clean-no-op`) of `workflow` started since `since`,
+/// counted up to `enough`.
+fn successes(
+    engine: &Engine,
+    workflow: &str,
+    since: DateTime<Utc>,
+    enough: usize,
+) -> Result<usize> {
+    let mut n = 0;
+    for state in [RunState::Success, RunState::CleanNoOp] {
+        n += engine
+            .store
+            .run_page(&RunQuery {
+                workflow: Some(workflow.to_string()),
+                state: Some(state),
+                since: Some(since),
+                limit: enough - n.min(enough),
+                ..Default::default()
+            })?
+            .len();
+        if n >= enough {
+            break;
+        }
+    }
+    Ok(n)
 }

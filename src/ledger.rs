@@ -222,6 +222,11 @@ mod tests {
             "verify passed",
             json!({"kind": "schedule", "scheduled_for": "2026-12-04T09:00:00Z", "catchup": true}),
         );
+        let mut forced = rec("f", RunState::Success, "verify passed", at.clone());
+        forced.dry_run_reason = Some("forced dry-run is on (SIGUSR1; SIGUSR2 lifts it)".into());
+        let e = entry(&forced);
+        assert_eq!((e.outcome, e.run_id.as_deref()), (Outcome::Skipped, Some("f")));
+        assert!(e.reason.starts_with("forced-dry-run:"), "{e:?}");
         // Newest first, as the store lists them: the catch-up run tells the slot's story.
         let both = entries(&[caught, missed]);
         assert_eq!(both.len(), 1);

@@ -515,7 +515,7 @@ fn a_workflow_fired_far_more_often_than_its_schedule_allows_is_reported() {
     for _ in 0..5 {
         assert_eq!(env.run("yearly", false).state(), "success");
     }
-    wait_for("the too_often alert", Duration::from_secs(20), || {
+    wait_for("the too_often alert", Duration::from_secs(30), || {
         !hooks(&sink, "too_often").is_empty()
     });
     let got = &hooks(&sink, "too_often")[0];
@@ -523,7 +523,7 @@ fn a_workflow_fired_far_more_often_than_its_schedule_allows_is_reported() {
         got["message"]
             .as_str()
             .unwrap()
-            .starts_with("5 runs in the last hour"),
+            .starts_with("more than 3 runs in the last hour"),
         "{got:#}"
     );
     d.stop(Duration::from_secs(10));
