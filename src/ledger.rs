@@ -225,7 +225,10 @@ mod tests {
         let mut forced = rec("f", RunState::Success, "verify passed", at.clone());
         forced.dry_run_reason = Some("forced dry-run is on (SIGUSR1; SIGUSR2 lifts it)".into());
         let e = entry(&forced);
-        assert_eq!((e.outcome, e.run_id.as_deref()), (Outcome::Skipped, Some("f")));
+        assert_eq!(
+            (e.outcome, e.run_id.as_deref()),
+            (Outcome::Skipped, Some("f"))
+        );
         assert!(e.reason.starts_with("forced-dry-run:"), "{e:?}");
         // Newest first, as the store lists them: the catch-up run tells the slot's story.
         let both = entries(&[caught, missed]);

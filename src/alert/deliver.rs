@@ -133,11 +133,7 @@ async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), String> {
         }
         (None, None) => return Err("no url".into()),
     };
-    let client = reqwest::Client::builder()
-        .timeout(WEBHOOK_TIMEOUT)
-        .user_agent(concat!("steward/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+    let client = client()?;
     let json_body = |v: serde_json::Value| {
         client
             .post(&url)
@@ -169,6 +165,23 @@ async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), String> {
     } else {
         Err(format!("the receiver answered {}", resp.status()))
     }
+}
+
+/// One HTTP client for every webhook delivery: building one reads the system's root
+/// certificates, too much to do per attempt.
+fn client() -> Result<&'static reqwest::Client, String> {
+    static CLIENT: std::sync::OnceLock<Result<reqwest::Client, String>> =
+        std::sync::OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .timeout(WEBHOOK_TIMEOUT)
+                .user_agent(concat!("steward/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .map_err(|e| format!("cannot build an HTTP client: {e}"))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 fn describe(e: &reqwest::Error) -> String {

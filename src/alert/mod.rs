@@ -1,14 +1,15 @@
 //! Alerts: telling a person when something is wrong, so they need not ask.
 //!
 //! Whatever notices an exception (the engine after a run ends, the daemon's start-up and
-//! its dead-man's check) calls [`Alerts::raise`], which never waits: the alert goes onto
-//! a bounded queue for one dispatcher task. The dispatcher hands each alert to every
-//! `[[notify]]` channel that wants its event, at most one per workflow and event per the
-//! channel's `every` (default 15 minutes); what it holds back it counts, and when the
-//! wait is over it sends one alert saying how many were held back. Each delivery is its
-//! own task, retried with backoff ([`deliver`]), so a channel that is down delays
-//! neither a run nor another channel. Each outcome is a runlog `alert` line naming the
-//! channel by its label (a webhook's scheme, host and port only: its path may hold a token).
+//! its dead-man's check) calls [`Alerts::raise`], which never waits. For every
+//! `[[notify]]` channel that wants the event it either hands the alert to a delivery task
+//! or holds it back: a channel sends at most one alert per workflow and event per its
+//! `every` (default 15 minutes). What it holds back it counts, and when the wait is over
+//! a timer task sends the newest with how many came before it. Each delivery is its own
+//! task, retried with backoff (`deliver`), so a channel that is down delays neither a
+//! run nor another channel; an alert held back costs a lock and a map lookup. Each
+//! outcome is a runlog `alert` line naming the channel by its label (a webhook's scheme,
+//! host and port only: its path may hold a token).
 
 mod deliver;
 mod message;
@@ -16,9 +17,9 @@ mod message;
 pub use message::Alert;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub use crate::config::notify::Event;
@@ -26,15 +27,11 @@ use crate::config::notify::NotifyChannel;
 use crate::config::Smtp;
 use crate::runlog::RunLog;
 
-/// Alerts waiting for the dispatcher at most; beyond, an alert is dropped and logged.
-const QUEUE: usize = 1024;
-
-/// Where alerts are raised; clones share the dispatcher. `Alerts::default()` sends
-/// nothing (the CLI's own process, tests of the engine alone).
+/// Where alerts are raised; clones share one state. `Alerts::default()` sends nothing
+/// (the CLI's own process, tests of the engine alone).
 #[derive(Clone, Default)]
 pub struct Alerts {
-    tx: Option<mpsc::Sender<Alert>>,
-    channels: Option<watch::Receiver<Arc<Channels>>>,
+    inner: Option<Arc<Inner>>,
 }
 
 /// The channels alerts go to now, and the relay email channels use.
@@ -54,61 +51,17 @@ impl Channels {
     }
 }
 
-impl Alerts {
-    /// Whether any channel wants `event` (so a caller can skip the work of finding out).
-    pub fn wants(&self, event: Event) -> bool {
-        self.channels
-            .as_ref()
-            .is_some_and(|c| c.borrow().list.iter().any(|ch| ch.events.contains(&event)))
-    }
-
-    /// Queues an alert for the channels that want it; never waits.
-    pub fn raise(&self, alert: Alert) {
-        let Some(tx) = &self.tx else { return };
-        if !self.wants(alert.event) {
-            return;
-        }
-        if let Err(e) = tx.try_send(alert) {
-            tracing::error!("alert dropped ({e}): the alert queue is full or closed");
-        }
-    }
+/// The channels with the id each is gated under.
+struct Current {
+    channels: Channels,
+    ids: Vec<String>,
 }
 
-/// The sending side of the channel list, for a config reload.
-pub struct ChannelsUpdate(watch::Sender<Arc<Channels>>);
-
-impl ChannelsUpdate {
-    pub fn set(&self, channels: Channels) {
-        self.0.send_if_modified(|now| {
-            let changed = **now != channels;
-            if changed {
-                *now = Arc::new(channels);
-            }
-            changed
-        });
+impl Current {
+    fn new(channels: Channels) -> Current {
+        let ids = channels.list.iter().map(channel_id).collect();
+        Current { channels, ids }
     }
-}
-
-/// Starts the dispatcher on the current runtime.
-pub fn start(channels: Channels, runlog: RunLog) -> (Alerts, ChannelsUpdate) {
-    let (tx, rx) = mpsc::channel(QUEUE);
-    let (ctx, crx) = watch::channel(Arc::new(channels));
-    tokio::spawn(Dispatcher::new(crx.clone(), runlog).run(rx));
-    (
-        Alerts {
-            tx: Some(tx),
-            channels: Some(crx),
-        },
-        ChannelsUpdate(ctx),
-    )
-}
-
-/// One channel's memory of one workflow and event.
-struct Gate {
-    last_sent: Instant,
-    held: u32,
-    /// The newest alert held back, sent (with the count) once the wait is over.
-    latest: Option<Alert>,
 }
 
 /// (channel id, workflow, event). The id is a hash of the whole channel table: two
@@ -120,61 +73,58 @@ fn channel_id(channel: &NotifyChannel) -> String {
     hex::encode(&Sha256::digest(format!("{channel:?}").as_bytes())[..8])
 }
 
-struct Dispatcher {
-    channels: watch::Receiver<Arc<Channels>>,
-    runlog: RunLog,
-    gates: HashMap<GateKey, Gate>,
+/// One channel's memory of one workflow and event.
+struct Gate {
+    last_sent: Instant,
+    held: u32,
+    /// The newest alert held back, sent (with the count) once the wait is over.
+    latest: Option<Alert>,
 }
 
-impl Dispatcher {
-    fn new(channels: watch::Receiver<Arc<Channels>>, runlog: RunLog) -> Dispatcher {
-        Dispatcher {
-            channels,
-            runlog,
-            gates: HashMap::new(),
-        }
+struct Inner {
+    rt: tokio::runtime::Handle,
+    current: watch::Receiver<Arc<Current>>,
+    gates: Mutex<HashMap<GateKey, Gate>>,
+    runlog: RunLog,
+}
+
+impl Alerts {
+    /// Whether any channel wants `event` (so a caller can skip the work of finding out).
+    pub fn wants(&self, event: Event) -> bool {
+        self.inner.as_ref().is_some_and(|i| {
+            i.current
+                .borrow()
+                .channels
+                .list
+                .iter()
+                .any(|ch| ch.events.contains(&event))
+        })
     }
 
-    async fn run(mut self, mut alerts: mpsc::Receiver<Alert>) {
-        let (due_tx, mut due) = mpsc::unbounded_channel::<GateKey>();
-        loop {
-            tokio::select! {
-                alert = alerts.recv() => match alert {
-                    Some(a) => self.take(a, &due_tx),
-                    None => return,
-                },
-                Some(key) = due.recv() => self.release(key),
+    /// Sends `alert` to the channels that want it, now or once their wait is over;
+    /// never waits itself.
+    pub fn raise(&self, alert: Alert) {
+        let Some(inner) = &self.inner else { return };
+        let current = inner.current.borrow().clone();
+        let mut gates = inner.gates.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, channel) in current.channels.list.iter().enumerate() {
+            if !channel.events.contains(&alert.event) {
+                continue;
             }
-        }
-    }
-
-    /// A new alert: to each channel that wants it, now or held back.
-    fn take(&mut self, alert: Alert, due: &mpsc::UnboundedSender<GateKey>) {
-        let channels = self.channels.borrow().clone();
-        for channel in channels
-            .list
-            .iter()
-            .filter(|c| c.events.contains(&alert.event))
-        {
-            let key = (channel_id(channel), alert.workflow.clone(), alert.event);
+            let key = (current.ids[i].clone(), alert.workflow.clone(), alert.event);
             let every = channel.every();
-            match self.gates.get_mut(&key) {
+            match gates.get_mut(&key) {
                 Some(g) if g.last_sent.elapsed() < every => {
                     if g.latest.is_none() {
-                        // The first one held back: release them all when the wait is over.
-                        let wake = g.last_sent + every;
-                        let (due, key) = (due.clone(), key.clone());
-                        tokio::spawn(async move {
-                            tokio::time::sleep_until(wake).await;
-                            let _ = due.send(key);
-                        });
+                        // The first one held back: release them when the wait is over.
+                        inner.release_at(key.clone(), g.last_sent + every);
                     }
                     g.held += 1;
                     g.latest = Some(alert.clone());
-                    tracing::info!(channel = %channel.label(), workflow = %alert.workflow, event = %alert.event, "alert held back ({} so far)", g.held);
+                    tracing::debug!(channel = %channel.label(), workflow = %alert.workflow, event = %alert.event, "alert held back ({} so far)", g.held);
                 }
                 _ => {
-                    self.gates.insert(
+                    gates.insert(
                         key,
                         Gate {
                             last_sent: Instant::now(),
@@ -182,32 +132,86 @@ impl Dispatcher {
                             latest: None,
                         },
                     );
-                    self.send(channel.clone(), channels.smtp.clone(), alert.clone());
+                    inner.deliver(
+                        channel.clone(),
+                        current.channels.smtp.clone(),
+                        alert.clone(),
+                    );
                 }
             }
         }
     }
+}
 
-    /// A channel's wait for a workflow and event is over: send what it held back.
-    fn release(&mut self, key: GateKey) {
-        let channels = self.channels.borrow().clone();
-        let Some(gate) = self.gates.get_mut(&key) else {
+impl Inner {
+    fn deliver(&self, channel: NotifyChannel, smtp: Option<Smtp>, alert: Alert) {
+        let runlog = self.runlog.clone();
+        self.rt
+            .spawn(deliver::with_retries(channel, smtp, alert, runlog));
+    }
+
+    fn release_at(self: &Arc<Self>, key: GateKey, wake: Instant) {
+        let this = self.clone();
+        self.rt.spawn(async move {
+            tokio::time::sleep_until(wake).await;
+            this.release(&key);
+        });
+    }
+
+    /// A channel's wait for a workflow and event is over: send the newest alert it held
+    /// back, with how many came before it.
+    fn release(&self, key: &GateKey) {
+        let current = self.current.borrow().clone();
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(gate) = gates.get_mut(key) else {
             return;
         };
         let Some(mut latest) = gate.latest.take() else {
             return;
         };
-        // The newest is sent; the ones before it are the count.
         latest.held_back = gate.held.saturating_sub(1);
         gate.held = 0;
         gate.last_sent = Instant::now();
-        if let Some(channel) = channels.list.iter().find(|c| channel_id(c) == key.0) {
-            self.send(channel.clone(), channels.smtp.clone(), latest);
+        // A channel edited away in the meantime gets nothing.
+        if let Some(i) = current.ids.iter().position(|id| *id == key.0) {
+            let channel = current.channels.list[i].clone();
+            self.deliver(channel, current.channels.smtp.clone(), latest);
         }
     }
+}
 
-    fn send(&self, channel: NotifyChannel, smtp: Option<Smtp>, alert: Alert) {
-        let runlog = self.runlog.clone();
-        tokio::spawn(deliver::with_retries(channel, smtp, alert, runlog));
+/// The sending side of the channel list, for a config reload.
+pub struct ChannelsUpdate(watch::Sender<Arc<Current>>);
+
+impl ChannelsUpdate {
+    pub fn set(&self, channels: Channels) {
+        self.0.send_if_modified(|now| {
+            let changed = now.channels != channels;
+            if changed {
+                *now = Arc::new(Current::new(channels));
+            }
+            changed
+        });
     }
+}
+
+/// Starts alerting on the current runtime (deliveries and timers are its tasks); outside
+/// one, alerts are off and the error says so.
+pub fn start(channels: Channels, runlog: RunLog) -> (Alerts, ChannelsUpdate) {
+    let (tx, rx) = watch::channel(Arc::new(Current::new(channels)));
+    let alerts = match tokio::runtime::Handle::try_current() {
+        Ok(rt) => Alerts {
+            inner: Some(Arc::new(Inner {
+                rt,
+                current: rx,
+                gates: Mutex::new(HashMap::new()),
+                runlog,
+            })),
+        },
+        Err(e) => {
+            tracing::error!("alerts are off: no async runtime to deliver them on ({e})");
+            Alerts::default()
+        }
+    };
+    (alerts, ChannelsUpdate(tx))
 }
