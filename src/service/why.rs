@@ -18,6 +18,9 @@ const MAX_RECORDS: usize = 10_000;
 /// Slots listed at most for `--since` (a minutely schedule over a week is too many).
 const MAX_SLOTS: usize = 2_000;
 
+/// Slots walked at most to find the newest of a span (a secondly schedule's 11 days).
+const MAX_WALK: usize = 1_000_000;
+
 pub(super) fn why(
     service: &Service,
     workflow: &str,
@@ -88,8 +91,7 @@ fn span_entries(
         false => entries.iter().map(|e| e.slot).min(),
     };
     if let (Some(s), Some(horizon)) = (sched, horizon) {
-        let slots = s.fires_between(horizon, now);
-        for slot in slots.into_iter().rev().take(MAX_SLOTS) {
+        for slot in newest_slots(s, horizon, now, MAX_SLOTS) {
             // The slot of the minute now is still on its way (jitter, a run starting).
             if s.fire_at(slot) + chrono::Duration::seconds(2) > now {
                 continue;
@@ -103,7 +105,38 @@ fn span_entries(
         }
         entries.sort_by_key(|e| e.slot);
     }
+    // The newest ones, when a span holds more than a screenful of screens.
+    let extra = entries.len().saturating_sub(MAX_SLOTS);
+    entries.drain(..extra);
     Ok(entries)
+}
+
+/// The newest `n` slots in `(after, until]`, newest first: the schedule is walked forward
+/// in chunks (it has no backward step), at most [`MAX_WALK`] slots in all.
+fn newest_slots(
+    s: &Schedule,
+    after: DateTime<Utc>,
+    until: DateTime<Utc>,
+    n: usize,
+) -> Vec<DateTime<Utc>> {
+    let mut from = after;
+    let mut walked = 0;
+    let mut tail: Vec<DateTime<Utc>> = Vec::new();
+    loop {
+        let chunk = s.fires_between(from, until);
+        walked += chunk.len();
+        let Some(&last) = chunk.last() else { break };
+        let full = chunk.len() >= crate::trigger::schedule::MAX_MISSED;
+        tail.extend(chunk);
+        let keep = tail.len().saturating_sub(n);
+        tail.drain(..keep);
+        if !full || walked >= MAX_WALK {
+            break;
+        }
+        from = last;
+    }
+    tail.reverse();
+    tail
 }
 
 /// Whether a run record of `wf` started before `t`.
@@ -207,4 +240,28 @@ fn parse_time(text: &str, tz: Tz, now: DateTime<Utc>) -> anyhow::Result<DateTime
                 tz.name()
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_slots_of_a_long_span_are_found_past_the_listing_bound() {
+        let spec = crate::config::ScheduleTrigger {
+            cron: "* * * * * *".into(),
+            timezone: None,
+            catchup: None,
+            catchup_window_s: None,
+            jitter: None,
+        };
+        let s = Schedule::parse(&spec).unwrap();
+        let until: DateTime<Utc> = "2026-12-04T09:00:00Z".parse().unwrap();
+        // A day of secondly slots: 86,400, more than one listing holds.
+        let got = newest_slots(&s, until - chrono::Duration::days(1), until, 3);
+        let want: Vec<DateTime<Utc>> = (0..3)
+            .map(|n| until - chrono::Duration::seconds(n))
+            .collect();
+        assert_eq!(got, want);
+    }
 }

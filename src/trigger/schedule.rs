@@ -110,7 +110,7 @@ impl Catchup {
 const EARLY: Duration = Duration::from_secs(1);
 
 /// Longest span searched when listing missed fires (a year of minutely fires is too many).
-const MAX_MISSED: usize = 10_000;
+pub const MAX_MISSED: usize = 10_000;
 
 impl Schedule {
     pub fn parse(spec: &ScheduleTrigger) -> Result<Schedule, ScheduleError> {
