@@ -140,8 +140,9 @@ impl Engine {
         Ok(())
     }
 
-    /// The sums over the workflow's runs that started within the window.
-    pub fn window_spend(&self, workflow: &str, window: &SpendWindow) -> Result<WindowSpend> {
+    /// The sums over the workflow's runs that started within the window, newest first,
+    /// read until a limit is reached (all that is asked) or the window is done.
+    fn window_spend(&self, workflow: &str, window: &SpendWindow) -> Result<WindowSpend> {
         let since = Utc::now()
             - chrono::Duration::from_std(window.period).unwrap_or(chrono::Duration::days(3650));
         let mut spend = WindowSpend::default();
@@ -156,6 +157,9 @@ impl Engine {
             })?;
             for rec in &page {
                 spend.add(rec);
+            }
+            if spend.reached(window).is_some() {
+                return Ok(spend);
             }
             match page.last() {
                 Some(last) if page.len() == WINDOW_PAGE => before = Some(last.run_id.clone()),
