@@ -23,7 +23,7 @@ const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Delivers `alert` to `channel`, retrying with backoff; gives up after [`ATTEMPTS`].
 pub async fn with_retries(channel: NotifyChannel, smtp: Option<Smtp>, alert: Alert, log: RunLog) {
     let label = channel.label();
-    // A webhook whose URL variable is unset cannot succeed by waiting: said once, not retried.
+    // A webhook whose URL variable is unset cannot succeed by waiting: dropped, not retried.
     if let (ChannelKind::Webhook, None, Some(var)) = (channel.kind, &channel.url, &channel.url_env)
     {
         if crate::secret::lookup(var).is_none_or(|v| v.is_empty()) {
