@@ -31,6 +31,12 @@
 //! [`daemon`] over the [`control_socket`], or answers it itself with the same
 //! [`service`] when no daemon runs. The daemon's [`trigger`] tasks (cron, file drops,
 //! queues, webhooks) turn events into fires; signals become events in one place.
+//!
+//! Over time, not just one run: after each run the engine checks the workflow's breaker
+//! and spend window (either pauses it) and raises what the end calls for through
+//! [`alert`] to the `[[notify]]` channels; the daemon's dead-man's switch ([`expect`])
+//! alerts a slot with no successful run; `steward why` reads the run records as a
+//! per-slot [`ledger`].
 
 pub mod agency;
 pub mod agent;
