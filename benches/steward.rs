@@ -269,33 +269,37 @@ fn throughput(dir: &Path, n: usize, parallel: usize) -> (f64, f64, f64, f64) {
         bare.push(bare_limit(batch, parallel));
         bash.push(bash_wrapper(&dir.join("bash"), batch, parallel));
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     (median(st), median(bare), median(bash), flushes)
 }
 
-/// Sequential governed runs with the maker and checker confined (the default) and with
-/// `[sandbox] enabled = false`, in five alternating rounds; medians of runs/s.
-fn sandbox_cost(dir: &Path, n: usize) -> (f64, f64) {
+/// The middle value (of an odd count; the upper middle of an even one).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// `n` sequential runs each of `on` and `off` in five alternating rounds, so host noise
+/// falls on both alike; medians of runs/s.
+fn on_vs_off(on: &Governed, off: &Governed, n: usize) -> (f64, f64) {
     const ROUNDS: usize = 5;
-    let on = Governed::with(&dir.join("on"), true_workflow());
-    let off = Governed::with(
-        &dir.join("off"),
-        format!("{}[sandbox]\nenabled = false\n", true_workflow()),
-    );
     let batch = (n / ROUNDS).max(1);
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         a.push(on.runs(batch, 1).0);
         b.push(off.runs(batch, 1).0);
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     (median(a), median(b))
+}
+
+/// Sequential governed runs with the maker and checker confined (the default) and with
+/// `[sandbox] enabled = false`, in five alternating rounds; medians of runs/s.
+fn sandbox_cost(dir: &Path, n: usize) -> (f64, f64) {
+    let on = Governed::with(&dir.join("on"), true_workflow());
+    let off = Governed::with(
+        &dir.join("off"),
+        format!("{}[sandbox]\nenabled = false\n", true_workflow()),
+    );
+    on_vs_off(&on, &off, n)
 }
 
 /// Sequential governed runs with every alert event wanted by a webhook channel (one that
@@ -305,7 +309,6 @@ fn sandbox_cost(dir: &Path, n: usize) -> (f64, f64) {
 /// held back by the rate limit). The ledger `steward why` reads costs a run nothing: it
 /// is the run records themselves.
 fn alerts_cost(dir: &Path, n: usize) -> [(f64, f64); 2] {
-    const ROUNDS: usize = 5;
     let refused = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -332,17 +335,7 @@ fn alerts_cost(dir: &Path, n: usize) -> [(f64, f64); 2] {
             channels.clone(),
         );
         let off = Governed::with(&dir.join(format!("off{i}")), workflow);
-        let batch = (n / ROUNDS).max(1);
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for _ in 0..ROUNDS {
-            a.push(on.runs(batch, 1).0);
-            b.push(off.runs(batch, 1).0);
-        }
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        out[i] = (median(a), median(b));
+        out[i] = on_vs_off(&on, &off, n);
     }
     out
 }
@@ -778,10 +771,6 @@ fn feed_reading(items: usize) -> (f64, f64, usize) {
         bare.push(t.elapsed().as_secs_f64());
         assert_eq!(feed.entries.len(), items);
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     (median(ours), median(bare), xml.len())
 }
 

@@ -1,6 +1,6 @@
 //! The SMTP relay `[smtp]` in steward.toml names, as a lettre transport: STARTTLS,
 //! implicit TLS, or plain (loopback only), credentials from env vars. Digests and alerts
-//! both send through it.
+//! both send through it, and both keep header values to one line with [`one_line`].
 
 use std::time::Duration;
 
@@ -43,4 +43,10 @@ pub fn transport(smtp: &Smtp) -> Result<AsyncSmtpTransport<Tokio1Executor>, Stri
         b = b.credentials(Credentials::new(user, pass));
     }
     Ok(b.build())
+}
+
+/// A header value from config, a feed or a run: one line, no control characters, at most
+/// `cap` characters (nothing it carries can add a header).
+pub fn one_line(text: &str, cap: usize) -> String {
+    text.chars().filter(|c| !c.is_control()).take(cap).collect()
 }

@@ -434,6 +434,16 @@ fn hooks(sink: &Sink, event: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The first webhook alert of `event`, waited for up to `secs` seconds.
+fn first_hook(sink: &Sink, event: &str, secs: u64) -> Value {
+    wait_for(
+        &format!("the {event} alert"),
+        Duration::from_secs(secs),
+        || !hooks(sink, event).is_empty(),
+    );
+    hooks(sink, event).swap_remove(0)
+}
+
 fn webhook_settings(env: &Env, sink: &Sink, events: &str, extra: &str) {
     settings(
         env,
@@ -515,10 +525,7 @@ fn a_workflow_fired_far_more_often_than_its_schedule_allows_is_reported() {
     for _ in 0..5 {
         assert_eq!(env.run("yearly", false).state(), "success");
     }
-    wait_for("the too_often alert", Duration::from_secs(30), || {
-        !hooks(&sink, "too_often").is_empty()
-    });
-    let got = &hooks(&sink, "too_often")[0];
+    let got = &first_hook(&sink, "too_often", 30);
     assert!(
         got["message"]
             .as_str()
@@ -540,10 +547,7 @@ fn a_queue_workflow_without_its_expected_runs_is_overdue() {
             .tables("[expect]\nat_least = \"1/2s\"\n"),
     );
     let mut d = env.daemon(&[]);
-    wait_for("the overdue alert", Duration::from_secs(20), || {
-        !hooks(&sink, "overdue").is_empty()
-    });
-    let got = &hooks(&sink, "overdue")[0];
+    let got = &first_hook(&sink, "overdue", 20);
     assert_eq!(got["workflow"], "inbox");
     assert!(
         got["message"]
@@ -564,10 +568,7 @@ fn editing_an_approved_workflow_asks_for_go_live_again() {
     let mut d = env.daemon(&[]);
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, text.replace("max_tokens = 1000", "max_tokens = 999")).unwrap();
-    wait_for("the go_live_needed alert", Duration::from_secs(20), || {
-        !hooks(&sink, "go_live_needed").is_empty()
-    });
-    let got = &hooks(&sink, "go_live_needed")[0];
+    let got = &first_hook(&sink, "go_live_needed", 20);
     assert!(
         got["message"]
             .as_str()

@@ -168,11 +168,6 @@ impl SentLog {
     }
 }
 
-/// A header value from config or a feed: one line, no control characters.
-fn one_line(text: &str, cap: usize) -> String {
-    text.chars().filter(|c| !c.is_control()).take(cap).collect()
-}
-
 /// Sends the digest to each recipient who has not had this very digest yet; never fails
 /// as a whole: the outcome says what happened.
 pub async fn send(
@@ -205,9 +200,9 @@ pub async fn send(
     };
     let domain = from.email.domain().to_string();
     // One line, no control characters: nothing from a feed can inject a header.
-    let subject = one_line(digest.subject, 200);
+    let subject = crate::mail::one_line(digest.subject, 200);
     let hash = digest.hash();
-    let list_id = one_line(
+    let list_id = crate::mail::one_line(
         smtp.list_id
             .as_deref()
             .unwrap_or(&format!("<{}.steward.{domain}>", digest.agent)),
@@ -245,7 +240,7 @@ pub async fn send(
             if let Some(u) = &smtp.list_unsubscribe {
                 msg = msg.raw_header(HeaderValue::new(
                     HeaderName::new_from_ascii_str("List-Unsubscribe"),
-                    one_line(u, 500),
+                    crate::mail::one_line(u, 500),
                 ));
             }
             let msg = msg

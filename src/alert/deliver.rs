@@ -105,7 +105,7 @@ async fn email(channel: &NotifyChannel, smtp: Option<&Smtp>, alert: &Alert) -> R
         .map_err(|e| format!("smtp.from is not an address: {e}"))?;
     let mut msg = Message::builder()
         .from(from)
-        .subject(one_line(&alert.subject()))
+        .subject(crate::mail::one_line(&alert.subject(), 200))
         .user_agent(format!("steward/{}", env!("CARGO_PKG_VERSION")));
     for to in &channel.to {
         msg = msg.to(to.parse().map_err(|e| format!("bad address `{to}`: {e}"))?);
@@ -118,11 +118,6 @@ async fn email(channel: &NotifyChannel, smtp: Option<&Smtp>, alert: &Alert) -> R
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
-}
-
-/// A subject is one line: nothing from a run's reason can add a header.
-fn one_line(s: &str) -> String {
-    s.chars().filter(|c| !c.is_control()).take(200).collect()
 }
 
 async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), String> {
@@ -154,7 +149,7 @@ async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), String> {
         WebhookFormat::Discord => json_body(json!({ "content": alert.text() })),
         WebhookFormat::Ntfy => client
             .post(&url)
-            .header("Title", one_line(&alert.subject()))
+            .header("Title", crate::mail::one_line(&alert.subject(), 200))
             .header("Tags", alert.event.name())
             .body(alert.text()),
     };
