@@ -17,7 +17,7 @@ use crate::runner::{InFlight, Waiting};
 use crate::store::{DeadLetter, KeyRecord, Pause, RunRecord, RunState};
 
 /// Bumped whenever a request or response changes shape.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// Largest request line a daemon reads (payloads are small JSON).
 pub const MAX_REQUEST: u64 = 4 << 20;
@@ -195,6 +195,11 @@ pub struct CaseRow {
 pub enum Response {
     /// The request failed; `message` says what and what to do.
     Error {
+        message: String,
+    },
+    /// A live run or commit the go-live rules do not allow now (not approved, edited
+    /// since go-live, forced dry-run): nothing ran; `message` says why.
+    Refused {
         message: String,
     },
     Status(Box<Status>),

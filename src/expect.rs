@@ -27,11 +27,31 @@ const RATE_EVERY: i64 = 10;
 /// More runs in an hour than this many times the slots (plus a few) is "far more often".
 const TOO_OFTEN_FACTOR: usize = 3;
 
+/// Records when a daemon first loaded each workflow of `config` with this state folder
+/// (at start-up and after every config swap); the switch judges nothing before it. A
+/// workflow that already has records or a fired slot (a store from before this date was
+/// kept) counts as loaded since ever, as it was judged then.
+pub fn note_loaded(engine: &Engine, config: &Config, now: DateTime<Utc>) {
+    for id in config.workflows.keys() {
+        let note = || -> Result<()> {
+            if engine.store.first_loaded(id)?.is_some() {
+                return Ok(());
+            }
+            let known =
+                engine.store.last_slot(id)?.is_some() || runs(engine, id, None, None, None, 1)? > 0;
+            let at = if known { DateTime::UNIX_EPOCH } else { now };
+            engine.store.set_first_loaded(id, at)?;
+            Ok(())
+        };
+        if let Err(e) = note() {
+            tracing::error!(workflow = %id, "cannot record when the workflow was first loaded: {e}");
+        }
+    }
+}
+
 /// What the switch already alerted about, so each lapse is told once.
 #[derive(Default)]
 pub struct Watch {
-    /// Started watching (the daemon's start): `at_least` is judged only over whole periods.
-    pub since: Option<DateTime<Utc>>,
     overdue_slot: HashMap<String, DateTime<Utc>>,
     at_least_told: HashMap<String, DateTime<Utc>>,
     rate_looked: HashMap<String, DateTime<Utc>>,
@@ -39,13 +59,6 @@ pub struct Watch {
 }
 
 impl Watch {
-    pub fn new(now: DateTime<Utc>) -> Watch {
-        Watch {
-            since: Some(now),
-            ..Default::default()
-        }
-    }
-
     /// One look at every workflow with `[expect]` (and every schedule, for `too_often`).
     pub fn check(&mut self, engine: &Engine, config: &Config, now: DateTime<Utc>) {
         let rates = engine.alerts.wants(Event::TooOften);
@@ -85,11 +98,14 @@ impl Watch {
             return Ok(());
         }
         let expect = wf.expect.as_ref();
+        // Nothing is due before the workflow was first loaded here (a first start, a
+        // workflow just added); not yet noted means it is being loaded right now.
+        let loaded = engine.store.first_loaded(&wf.id)?.unwrap_or(now);
         if let Some(within) = expect.and_then(|e| e.within) {
-            self.within(engine, wf, within, now)?;
+            self.within(engine, wf, within, loaded, now)?;
         }
         if let Some((count, period)) = expect.and_then(|e| e.at_least) {
-            self.at_least(engine, wf, count, period, now)?;
+            self.at_least(engine, wf, count, period, loaded, now)?;
         }
         if rate {
             self.too_often(engine, wf, now)?;
@@ -103,6 +119,7 @@ impl Watch {
         engine: &Engine,
         wf: &Workflow,
         within: std::time::Duration,
+        loaded: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<()> {
         let Some(sched) = wf.schedule() else {
@@ -112,6 +129,9 @@ impl Watch {
         let Some(slot) = sched.last_at_or_before(now - grace) else {
             return Ok(());
         };
+        if slot < loaded {
+            return Ok(());
+        }
         if self.overdue_slot.get(&wf.id) == Some(&slot) || successes(engine, &wf.id, slot, 1)? > 0 {
             return Ok(());
         }
@@ -129,23 +149,19 @@ impl Watch {
         Ok(())
     }
 
-    /// `at_least`: `count` successful runs in every `period` (judged once a whole period
-    /// was watched, or the workflow has older records); told once per period.
+    /// `at_least`: `count` successful runs in every `period` (judged once the workflow
+    /// was loaded a whole period ago); told once per period.
     fn at_least(
         &mut self,
         engine: &Engine,
         wf: &Workflow,
         count: u32,
         period: std::time::Duration,
+        loaded: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<()> {
         let from = now - Duration::from_std(period).unwrap_or(Duration::days(1));
-        if self.at_least_told.get(&wf.id).is_some_and(|t| *t > from) {
-            return Ok(());
-        }
-        let watched = self.since.is_some_and(|s| s <= from)
-            || runs(engine, &wf.id, None, None, Some(from), 1)? > 0;
-        if !watched {
+        if loaded > from || self.at_least_told.get(&wf.id).is_some_and(|t| *t > from) {
             return Ok(());
         }
         let ok = successes(engine, &wf.id, from, count as usize)?;

@@ -138,8 +138,9 @@ pub struct LiveRefused {
     pub status: String,
 }
 
-/// Live or dry, and why. An explicit `--live` the approval does not allow is refused
-/// rather than quietly run dry; a forced dry-run makes any run dry, whatever was asked.
+/// Live or dry, and why. An explicit `--live` that the approval or a forced dry-run does
+/// not allow is refused rather than quietly run dry; a forced dry-run makes any other run
+/// dry, whatever started it.
 pub fn decide(
     status: &LiveStatus,
     forced: bool,
@@ -150,6 +151,12 @@ pub fn decide(
         return Err(LiveRefused {
             workflow: workflow.to_string(),
             status: status.describe(workflow),
+        });
+    }
+    if ask == Ask::Live && forced {
+        return Err(LiveRefused {
+            workflow: workflow.to_string(),
+            status: DryReason::ForcedDryRun.describe().to_string(),
         });
     }
     let approval = match status {
@@ -200,10 +207,7 @@ mod tests {
             d(&live, true, Ask::Auto).unwrap(),
             Some(DryReason::ForcedDryRun)
         );
-        assert_eq!(
-            d(&live, true, Ask::Live).unwrap(),
-            Some(DryReason::ForcedDryRun)
-        );
+        assert!(d(&live, true, Ask::Live).is_err());
         assert_eq!(
             d(&live, false, Ask::Dry).unwrap(),
             Some(DryReason::LiveNotAsked)

@@ -456,6 +456,51 @@ fn webhook_settings(env: &Env, sink: &Sink, events: &str, extra: &str) {
 }
 
 #[test]
+fn a_first_start_on_a_fresh_state_raises_no_overdue_or_missed() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    webhook_settings(&env, &sink, "\"overdue\", \"missed\"", "");
+    // Its newest slot is up to an hour old and had no run: before this state folder
+    // knew the workflow, so nothing was due then.
+    env.workflow(
+        &Spec::new("hourly", "cat >/dev/null\necho '{}'\n")
+            .trigger("schedule = { cron = \"0 0 * * * *\" }")
+            .tables("[expect]\nwithin = \"1h\"\n"),
+    );
+    // The control: overdue one second after it was first loaded, so its alert shows the
+    // switch has looked at both, more than once.
+    env.workflow(
+        &Spec::new("inbox", "cat >/dev/null\necho '{}'\n")
+            .trigger("queue = \"inbox\"")
+            .tables("[expect]\nat_least = \"1/1s\"\n"),
+    );
+    for start in ["first start", "restart"] {
+        let before = sink.received().len();
+        let mut d = env.daemon(&[]);
+        wait_for(
+            &format!("the control's overdue alert after the {start}"),
+            Duration::from_secs(30),
+            || {
+                sink.received()[before..].iter().any(|m| {
+                    serde_json::from_str::<Value>(m["body"].as_str().unwrap_or("{}"))
+                        .is_ok_and(|body| body["workflow"] == "inbox")
+                })
+            },
+        );
+        d.stop(Duration::from_secs(10));
+        for event in ["overdue", "missed"] {
+            let wrong: Vec<Value> = hooks(&sink, event)
+                .into_iter()
+                .filter(|h| h["workflow"] != "inbox")
+                .collect();
+            assert!(wrong.is_empty(), "{start}: {wrong:#?}");
+        }
+    }
+    let runs = util::runs_of(&env, "hourly");
+    assert!(runs.iter().all(|r| r["state"] != "missed"), "{runs:#?}");
+}
+
+#[test]
 fn alerts_held_back_are_counted_and_the_first_success_after_failures_is_recovered() {
     let env = Env::new();
     let sink = sink(&env, "alerts.jsonl", None);

@@ -696,7 +696,7 @@ fn the_dashboard_can_be_turned_off_and_refuses_a_remote_address_unless_meant() {
     env.workflow(&Spec::new("w", "cat >/dev/null\necho '{}'\n").commit(COMMIT));
     std::fs::write(
         env.config.join("steward.toml"),
-        "[dashboard]\nlisten = \"0.0.0.0:8484\"\n",
+        "[dashboard]\nlisten = \"0.0.0.0:0\"\n",
     )
     .unwrap();
     let out = env.steward(&["validate"]);
@@ -706,7 +706,7 @@ fn the_dashboard_can_be_turned_off_and_refuses_a_remote_address_unless_meant() {
     assert!(out.stderr.contains("allow_remote"), "{out}");
     std::fs::write(
         env.config.join("steward.toml"),
-        "[dashboard]\nlisten = \"0.0.0.0:8484\"\nallow_remote = true\n",
+        "[dashboard]\nlisten = \"0.0.0.0:0\"\nallow_remote = true\n",
     )
     .unwrap();
     let out = env.steward(&["validate"]);

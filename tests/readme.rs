@@ -1,6 +1,8 @@
 //! The README's "Try it" section, followed literally: every command of its `sh` blocks,
-//! in order, from a copy of `config/` with a fresh state folder and the daemon running.
-//! Each command's outcome is checked against what the README's comment beside it says.
+//! in order, from the committed `config/` (as git has it: a workflow a user added to the
+//! working tree does not change the walk-through) with a fresh state folder, the daemon
+//! running, and no `$USER` or `$LOGNAME` (as in a root container). Each command's outcome
+//! is checked against what the README's comment beside it says.
 
 mod util;
 
@@ -8,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use util::{copy_dir, wait_for};
+use util::{copy_dir, dies_with_test, wait_for, Daemon};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -61,38 +63,18 @@ const EXPECTED: &[(&str, i32, &str)] = &[
     ("steward run hello --live", 0, "success"),
     ("steward run hello --live", 0, "clean-no-op"),
     ("echo '# edited' >> config/workflows/hello.toml", 0, ""),
-    ("steward run hello --live", 1, ""),
+    ("steward run hello --live", 11, ""),
     (
         "steward case open --agency docs-team --case rel-2",
         0,
         "rel-2",
     ),
-    (
-        "steward case advance rel-2 --driver \"$USER\" --run",
-        0,
-        "researcher",
-    ),
-    (
-        "steward case advance rel-2 --driver \"$USER\" --run",
-        0,
-        "writer",
-    ),
-    (
-        "steward case advance rel-2 --driver \"$USER\" --run",
-        0,
-        "awaiting_approval",
-    ),
+    ("steward case advance rel-2 --run", 0, "researcher"),
+    ("steward case advance rel-2 --run", 0, "writer"),
+    ("steward case advance rel-2 --run", 0, "awaiting_approval"),
     ("steward case approve rel-2", 0, "approved"),
-    (
-        "steward case advance rel-2 --driver \"$USER\" --run",
-        0,
-        "publisher",
-    ),
-    (
-        "steward case advance rel-2 --driver \"$USER\" --run",
-        0,
-        "resolved",
-    ),
+    ("steward case advance rel-2 --run", 0, "publisher"),
+    ("steward case advance rel-2 --run", 0, "resolved"),
     ("steward case verify rel-2", 0, "chain intact"),
 ];
 
@@ -109,7 +91,13 @@ fn shell(dir: &Path, command: &str) -> Command {
         .arg(command)
         .current_dir(dir)
         .env("PATH", path)
-        .env("USER", "operator")
+        // As in a root container: the case commands must not need either.
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .env_remove("SUDO_USER")
+        // The README's own daemon may be running on this machine: its default dashboard
+        // port is not taken from it.
+        .env("STEWARD_DASHBOARD_LISTEN", "127.0.0.1:0")
         .env_remove("STEWARD_CONFIG")
         .env_remove("STEWARD_STATE")
         .env_remove("STEWARD_LOG");
@@ -126,14 +114,19 @@ fn the_readme_walk_through_works_in_order_with_the_daemon_running() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    copy_dir(&Path::new(ROOT).join("config"), &dir.path().join("config"));
-    let log = std::fs::File::create(dir.path().join("daemon.log")).unwrap();
-    let mut daemon = shell(dir.path(), "exec steward daemon")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let daemon_log = || std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default();
+    committed_config(&dir.path().join("config"));
+    let log = dir.path().join("daemon.log");
+    let daemon = Daemon {
+        child: Some(
+            dies_with_test(&mut shell(dir.path(), "exec steward daemon"))
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap(),
+        ),
+        log,
+    };
+    let daemon_log = || daemon.log_text();
     wait_for("the daemon to listen", Duration::from_secs(15), || {
         dir.path().join("state/steward.sock").exists()
     });
@@ -198,7 +191,69 @@ fn the_readme_walk_through_works_in_order_with_the_daemon_running() {
         .unwrap();
     let case: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(case["status"], "resolved", "{case:#}");
-    assert_eq!(case["receipts"].as_array().unwrap().len(), 3, "{case:#}");
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    let receipts = case["receipts"].as_array().unwrap();
+    assert_eq!(receipts.len(), 3, "{case:#}");
+    // Each member really ran: its maker started (a `run` step in the runlog) and its run
+    // succeeded, rather than ending clean-no-op on a key the walk-through committed.
+    let runlog = std::fs::read_to_string(dir.path().join("state/runlog.jsonl")).unwrap();
+    for receipt in receipts {
+        assert_eq!(receipt["state"], "success", "{receipt:#}");
+        let run_id = receipt["run_id"].as_str().unwrap();
+        assert!(
+            runlog.lines().any(|l| {
+                let e: serde_json::Value = serde_json::from_str(l).unwrap();
+                e["run_id"] == run_id && e["step"] == "run"
+            }),
+            "no maker ran for {receipt:#}"
+        );
+    }
+    // The runaway's maker reads its documents: it ends exhausted for its tokens, not
+    // with a denied read in its stderr.
+    let dead = shell(dir.path(), "steward dead-letter list --json")
+        .output()
+        .unwrap();
+    let dead: serde_json::Value = serde_json::from_slice(&dead.stdout).unwrap();
+    let runaway = dead
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["run"]["workflow"] == "runaway")
+        .unwrap_or_else(|| panic!("no runaway dead letter: {dead:#}"));
+    let id = runaway["run"]["run_id"].as_str().unwrap();
+    let shown = shell(dir.path(), &format!("steward dead-letter show {id}"))
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("exhausted"), "{shown}");
+    assert!(!shown.contains("No such file"), "{shown}");
+    assert!(!shown.contains("Permission denied"), "{shown}");
+}
+
+/// The example config as committed (`git archive HEAD config`), or, outside a git
+/// checkout, the working tree's.
+fn committed_config(to: &Path) {
+    let archive = Command::new("git")
+        .args(["-C", ROOT, "archive", "--format=tar", "HEAD", "config"])
+        .output();
+    match archive {
+        Ok(out) if out.status.success() => {
+            let parent = to.parent().unwrap();
+            let mut tar = Command::new("tar")
+                .args(["-x", "-C"])
+                .arg(parent)
+                .stdin(Stdio::piped())
+                .spawn()
+                .unwrap();
+            std::io::Write::write_all(tar.stdin.as_mut().unwrap(), &out.stdout).unwrap();
+            drop(tar.stdin.take());
+            assert!(
+                tar.wait().unwrap().success(),
+                "tar -x of the committed config"
+            );
+        }
+        _ => {
+            eprintln!("not a git checkout: the walk-through uses the working tree's config/");
+            copy_dir(&Path::new(ROOT).join("config"), to);
+        }
+    }
 }

@@ -2,8 +2,8 @@
 //! safety rules hold on each of them. Per road, against a real daemon started with
 //! `--max-concurrent 1 --grace 1`:
 //!
-//! 1. under SIGUSR1 the road's run is dry (or, for an approval, does not commit) and the
-//!    reason says forced dry-run;
+//! 1. under SIGUSR1 the road's run is dry (or, for an approval or an explicit `--live`,
+//!    refused) and the reason says forced dry-run;
 //! 2. while the road's run is in flight, `steward status` lists it, a manual fire of the
 //!    same workflow is recorded `skipped` (`overlap = "skip"`), and a run of another
 //!    workflow waits for the global cap (its maker never starts);
@@ -285,11 +285,21 @@ fn manual_runs_over_the_socket_take_the_one_road() {
         &env,
         &Road {
             prepare: &nothing,
-            start: &|env, _| Some(env.spawn(&["run", W, "--live", "--json"])),
+            start: &|env, _| {
+                let mut cmd = env.command(&["run", W, "--live", "--json"]);
+                cmd.stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
+                Some(cmd.spawn().expect("spawn steward"))
+            },
+            // An explicit --live under the brake is refused (exit 11), not quietly run dry:
+            // nothing runs, so the only record is the fire the pause skipped.
             check_dry: &|env, _, out| {
                 let out = out.unwrap();
-                assert!(out.status.success(), "{out:?}");
-                newest_run_forced_dry(env);
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                assert_eq!(out.status.code(), Some(11), "{stderr}");
+                assert!(stderr.contains("forced dry-run"), "{stderr}");
+                let runs = runs_of(env, W);
+                assert!(runs.iter().all(|r| r["state"] == "skipped"), "{runs:#?}");
             },
             after_stop: &no_check,
             paused: Some(&skipped_while_paused),

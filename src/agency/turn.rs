@@ -114,7 +114,7 @@ pub async fn advance(
 ) -> Result<Turn, CaseError> {
     if driver.trim().is_empty() {
         return Err(CaseError::Refused(
-            "--driver is empty: name who drives this turn (it is part of the turn's key), e.g. --driver \"$USER\"".into(),
+            "--driver is empty: name who drives this turn (it is part of the turn's key), or leave --driver out for your login name".into(),
         ));
     }
     let engine = runner.engine();

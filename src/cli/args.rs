@@ -13,7 +13,9 @@ Workflows are dry-run until `dry_run = false` is set in the file AND an operator
 `steward go-live WORKFLOW`; editing the file afterwards drops it back to dry-run.
 
 Exit codes of `steward run`: 0 success or clean-no-op, 3 approval-required, 4 blocked,
-5 failed, 6 exhausted, 7 stagnated, 1 steward itself failed, 2 bad usage.
+5 failed, 6 exhausted, 7 stagnated, 11 refused (`--live` or `approve` not allowed now:
+not approved, edited since go-live, or forced dry-run; nothing ran), 1 steward itself
+failed, 2 bad usage.
 
 Start here:  steward validate   ·   steward list   ·   steward run hello   ·   steward logs";
 
@@ -270,9 +272,10 @@ pub enum CaseCmd {
     /// Exit codes: 0 advanced/resolved/awaiting/needs-input, 4 refused, 5 failed, 10 version conflict
     Advance {
         case_id: String,
-        /// Who drives this turn (part of the turn's key)
+        /// Who drives this turn (part of the turn's key) [default: your login name, or
+        /// the uid where the user database has none]
         #[arg(long)]
-        driver: String,
+        driver: Option<String>,
         /// The dispatched member's outcome, run by hand: JSON {run_id, state, output, spend_usd}
         #[arg(long, value_name = "FILE")]
         member_result: Option<PathBuf>,

@@ -33,6 +33,10 @@ fn pretty(out: &mut String, value: &impl Serialize) {
     );
 }
 
+/// The exit code of a live run or commit the go-live rules refused (not approved,
+/// edited since go-live, forced dry-run): nothing ran.
+pub const REFUSED: i32 = 11;
+
 /// Shows `response` as `view` asks; `local` says no daemon answered.
 pub fn response(response: &Response, view: &View, local: bool) -> Shown {
     use Response as R;
@@ -57,6 +61,10 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
         R::Error { message } => {
             wln!(s.stderr, "steward: {message}");
             s.code = 1;
+        }
+        R::Refused { message } => {
+            wln!(s.stderr, "steward: refused: {message}");
+            s.code = REFUSED;
         }
         R::Status(status) if view.json => pretty(out, status),
         R::Status(status) => {

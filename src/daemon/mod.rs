@@ -142,6 +142,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     let mut triggers = triggers::Triggers::start(shared.clone()).await?;
     // The dead-man's switch looks before the catch-up runs, so a slot the machine was
     // off for is reported even when its catch-up then succeeds.
+    crate::expect::note_loaded(&shared.engine, &shared.config(), chrono::Utc::now());
     let stop_watch = CancellationToken::new();
     let watch_task = tokio::spawn(watch_expectations(shared.clone(), stop_watch.clone()));
     shared.expect_checked.notified().await;
@@ -252,7 +253,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
 /// The dead-man's switch: one look at start-up (then `expect_checked` is notified), one
 /// every [`crate::expect::EVERY`] after.
 async fn watch_expectations(shared: Arc<Shared>, stop: CancellationToken) {
-    let mut watch = crate::expect::Watch::new(chrono::Utc::now());
+    let mut watch = crate::expect::Watch::default();
     let mut tick = tokio::time::interval(crate::expect::EVERY);
     loop {
         tokio::select! {

@@ -143,6 +143,7 @@ impl Triggers {
     pub async fn reconcile(&mut self) {
         let config = self.shared.config();
         self.shared.config_swapped(&config);
+        crate::expect::note_loaded(&self.shared.engine, &config, Utc::now());
         let wanted: HashMap<String, &Workflow> = config
             .workflows
             .values()

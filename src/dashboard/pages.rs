@@ -393,7 +393,7 @@ fn back(to: &str, message: &str) -> Response {
 /// What an action's reply says, for a person.
 fn said(reply: &Reply) -> String {
     match reply {
-        Reply::Error { message } => format!("refused: {message}"),
+        Reply::Error { message } | Reply::Refused { message } => format!("refused: {message}"),
         Reply::Run { run } => format!("run {} ended {}: {}", run.run_id, run.state, run.reason),
         Reply::Rejected { run_id } => format!("rejected {run_id}"),
         Reply::Purged { removed, .. } => format!("discarded {removed} entry"),

@@ -168,7 +168,7 @@ impl Engine {
                 reason.describe()
             );
             self.log_operator_run(&rec, "approve", &held, &env.redactor)?;
-            return Err(EngineError::Refused(format!(
+            return Err(EngineError::NotLive(format!(
                 "cannot commit run {run_id} of workflow `{}` now: {}; it stays in the review queue",
                 wf.id,
                 reason.describe()

@@ -19,6 +19,7 @@
 mod env;
 mod machine;
 mod operator;
+pub use operator::login_name;
 pub mod outcome;
 pub mod pause;
 mod steps;
@@ -43,6 +44,10 @@ pub enum EngineError {
     RunLog(#[from] std::io::Error),
     #[error("{0}")]
     Refused(String),
+    /// A commit the go-live rules do not allow now (an approval under forced dry-run, or
+    /// of a workflow no longer live).
+    #[error("{0}")]
+    NotLive(String),
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;

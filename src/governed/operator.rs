@@ -24,7 +24,7 @@ impl Engine {
             workflow: wf.id.clone(),
             config_hash: wf.config_hash.clone(),
             approved_at: Utc::now(),
-            approved_by: operator(),
+            approved_by: login_name(),
         };
         self.store.approve_go_live(&approval)?;
         self.store.flush()?;
@@ -131,13 +131,13 @@ impl Engine {
         redactor: &Redactor,
     ) -> Result<()> {
         let mut e = self.entry(rec, step, "operator");
-        e.detail = format!("{detail} (by {})", operator());
+        e.detail = format!("{detail} (by {})", login_name());
         self.runlog.record(&e, redactor)?;
         Ok(())
     }
 
     pub(super) fn log_operator(&self, workflow: &str, step: &str, detail: &str) -> Result<()> {
-        let detail = format!("{detail} (by {})", operator());
+        let detail = format!("{detail} (by {})", login_name());
         self.log_workflow(workflow, step, "operator", &detail)
     }
 
@@ -166,10 +166,21 @@ impl Engine {
     }
 }
 
-/// Who is acting: the login name, for approvals and the runlog.
-pub(super) fn operator() -> String {
-    std::env::var("SUDO_USER")
-        .or_else(|_| std::env::var("USER"))
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| format!("uid {}", nix::unistd::getuid()))
+/// Who is acting, for approvals, the runlog and a case turn's default driver: the user
+/// behind `sudo`, else the login name of the uid (from the user database), else `$USER`
+/// or `$LOGNAME`, else the uid itself. Never empty, so it works in a root container
+/// where `$USER` is unset.
+pub fn login_name() -> String {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let uid = nix::unistd::getuid();
+    env("SUDO_USER")
+        .or_else(|| {
+            nix::unistd::User::from_uid(uid)
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        })
+        .or_else(|| env("USER"))
+        .or_else(|| env("LOGNAME"))
+        .unwrap_or_else(|| format!("uid {uid}"))
 }

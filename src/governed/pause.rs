@@ -86,7 +86,7 @@ impl Engine {
             reason: reason.to_string(),
             since: Utc::now(),
             by: match cause {
-                PauseCause::Operator => super::operator::operator(),
+                PauseCause::Operator => super::operator::login_name(),
                 PauseCause::Breaker | PauseCause::Budget => "steward".into(),
             },
         };

@@ -23,6 +23,9 @@ impl Service {
     pub async fn handle(&self, request: Request) -> Response {
         match self.dispatch(request).await {
             Ok(r) => r,
+            Err(e) if is_live_refusal(&e) => Response::Refused {
+                message: format!("{e:#}"),
+            },
             Err(e) => Response::error(format!("{e:#}")),
         }
     }
@@ -85,4 +88,20 @@ impl Service {
             R::CaseList => cases::list(self),
         }
     }
+}
+
+/// Whether the request failed because the go-live rules refused a live run or commit
+/// (its own exit code, not "steward failed").
+fn is_live_refusal(e: &anyhow::Error) -> bool {
+    use crate::governed::EngineError;
+    use crate::runner::RunError;
+    e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<RunError>(),
+            Some(RunError::Live(_) | RunError::Engine(EngineError::NotLive(_)))
+        ) || matches!(
+            cause.downcast_ref::<EngineError>(),
+            Some(EngineError::NotLive(_))
+        ) || cause.is::<crate::live::LiveRefused>()
+    })
 }

@@ -352,6 +352,12 @@ pub trait Backend: Send + Sync {
 
     fn set_last_slot(&self, workflow: &str, slot: DateTime<Utc>) -> Result<()>;
 
+    /// When a daemon first loaded the workflow with this state folder: the dead-man's
+    /// switch judges no slot and no period before it, so a first start raises nothing.
+    fn first_loaded(&self, workflow: &str) -> Result<Option<DateTime<Utc>>>;
+
+    fn set_first_loaded(&self, workflow: &str, at: DateTime<Utc>) -> Result<()>;
+
     /// The raw events of a case, in version order.
     fn case_events(&self, case: &str) -> Result<Vec<(u64, Vec<u8>)>>;
 

@@ -428,6 +428,14 @@ impl Backend for SledStore {
         self.put(&self.meta, &format!("last_slot/{workflow}"), &slot)
     }
 
+    fn first_loaded(&self, workflow: &str) -> Result<Option<DateTime<Utc>>> {
+        get(&self.meta, "meta", &format!("first_loaded/{workflow}"))
+    }
+
+    fn set_first_loaded(&self, workflow: &str, at: DateTime<Utc>) -> Result<()> {
+        self.put(&self.meta, &format!("first_loaded/{workflow}"), &at)
+    }
+
     fn case_events(&self, case: &str) -> Result<Vec<(u64, Vec<u8>)>> {
         let mut prefix = case.as_bytes().to_vec();
         prefix.push(0);

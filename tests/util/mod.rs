@@ -369,7 +369,6 @@ pub fn read_pid(path: &Path) -> i32 {
         .unwrap_or_else(|_| panic!("no pid in {}", path.display()))
 }
 
-/// A real `steward daemon` child process; killed (SIGKILL) on drop if still running.
 /// `[smtp]` settings for a plain-text SMTP server on loopback at `port`.
 pub fn smtp_settings(port: u16) -> String {
     format!("[smtp]\nhost = \"127.0.0.1\"\nport = {port}\nsecurity = \"plain\"\nfrom = \"steward@example.org\"\n")
@@ -391,9 +390,34 @@ impl Env {
     }
 }
 
+/// A real `steward daemon` child process; killed (SIGKILL) on drop if still running, so
+/// a test that fails or panics leaves none behind (and [`dies_with_test`] covers a test
+/// process that is killed outright).
 pub struct Daemon {
     pub child: Option<std::process::Child>,
     pub log: PathBuf,
+}
+
+/// Makes the process `cmd` starts die with the test that started it: the kernel sends it
+/// SIGKILL when the spawning thread ends (each test runs on a thread of its own, which
+/// ends when the test does: passed, failed or panicked) or the test process is killed.
+/// For daemons, which would otherwise outlive a killed test holding its state and ports.
+pub fn dies_with_test(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    let parent = nix::unistd::getpid();
+    // SAFETY: the hook runs between fork and exec and makes only two system calls
+    // (prctl, getppid), allocating nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)?;
+            // The test may have died before the line above took hold.
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        })
+    }
 }
 
 impl Env {
@@ -417,7 +441,7 @@ impl Env {
         for (k, v) in vars {
             cmd.env(k, v);
         }
-        let child = cmd
+        let child = dies_with_test(&mut cmd)
             .env("STEWARD_LOG", "info")
             .stdout(std::process::Stdio::null())
             .stderr(file)
@@ -613,14 +637,10 @@ pub fn http_server(routes: Vec<(&'static str, u16, String)>) -> String {
 
 /// The reference clients the tests run, from PyPI: cron implementations (cronsim,
 /// croniter), Selenium for driving Chromium, and aiosmtpd (the SMTP server alerts reach).
-pub const PYTHON_PACKAGES: &[&str] = &[
-    "cronsim==2.9",
-    "croniter==7.0.0",
-    "selenium==4.51.0",
-    "aiosmtpd==1.4.6",
-];
+/// `tests/run` installs the same file.
+pub const PYTHON_REQUIREMENTS: &str = include_str!("../python-requirements.txt");
 
-/// A Python with [`PYTHON_PACKAGES`]: `STEWARD_TEST_PYTHON` (`.ci/run` makes one), or a
+/// A Python with [`PYTHON_REQUIREMENTS`]: `STEWARD_TEST_PYTHON` (`tests/run` makes one), or a
 /// venv made here once per build.
 pub fn python() -> PathBuf {
     static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -640,12 +660,12 @@ pub fn python() -> PathBuf {
                     .is_ok_and(|s| s.success())
                     && Command::new(&python)
                         .args(["-m", "pip", "install", "-q"])
-                        .args(PYTHON_PACKAGES)
+                        .args(PYTHON_REQUIREMENTS.split_whitespace())
                         .status()
                         .is_ok_and(|s| s.success());
                 assert!(
                     ok,
-                    "cannot make a venv with {PYTHON_PACKAGES:?} in {}",
+                    "cannot make a venv with {PYTHON_REQUIREMENTS:?} in {}",
                     venv.display()
                 );
                 std::fs::write(&ready, "").unwrap();
