@@ -254,7 +254,7 @@ fn notify_window_expect_and_jitter_mistakes_name_the_key() {
     });
     std::fs::write(
         env.config.join("steward.toml"),
-        "[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\nevents = [\"overdue\"]\n\n[[notify]]\nkind = \"email\"\nto = [\"ops@example.org\"]\nevents = [\"breaker_opn\"]\n",
+        "[[notify]]\nkind = \"webhook\"\nurl = \"https://alerts.example.org/hook\"\nevents = [\"overdue\"]\n\n[[notify]]\nkind = \"email\"\nto = [\"ops@example.org\"]\nevents = [\"breaker_opn\"]\n",
     )
     .unwrap();
     let out = validate(&env);
@@ -268,7 +268,7 @@ fn notify_window_expect_and_jitter_mistakes_name_the_key() {
     assert!(out.stderr.contains("breaker_open"), "{out}");
     std::fs::write(
         env.config.join("steward.toml"),
-        "[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\nevents = [\"overdue\"]\n\n[[notify]]\nkind = \"email\"\nevents = [\"overdue\"]\n",
+        "[[notify]]\nkind = \"webhook\"\nurl = \"https://alerts.example.org/hook\"\nevents = [\"overdue\"]\n\n[[notify]]\nkind = \"email\"\nevents = [\"overdue\"]\n",
     )
     .unwrap();
     let out = validate(&env);

@@ -210,7 +210,7 @@ fn live_run_needs_go_live_approval() {
     let env = Env::new();
     env.workflow(&Spec::new("w", "cat >/dev/null\necho '{\"x\":1}'\n"));
     let out = env.run("w", true);
-    assert_eq!(out.code, 1, "{out}");
+    assert_eq!(out.code, 11, "refused has its own exit code\n{out}");
     assert!(out.stderr.contains("go-live"), "{out}");
     assert!(!env.ledger().exists());
 }
@@ -617,7 +617,7 @@ fn go_live_applies_to_the_exact_config_and_an_edit_drops_to_dry_run() {
     let list = env.steward(&["list", "--json"]);
     assert_eq!(list.json()[0]["live"], false, "{list}");
     let refused = env.run("w", true);
-    assert_eq!(refused.code, 1, "{refused}");
+    assert_eq!(refused.code, 11, "refused has its own exit code\n{refused}");
     assert!(refused.stderr.contains("changed"), "{refused}");
     assert_eq!(
         env.ledger_lines().len(),
@@ -630,7 +630,7 @@ fn go_live_applies_to_the_exact_config_and_an_edit_drops_to_dry_run() {
     assert_eq!(env.ledger_lines().len(), 2);
 
     assert_eq!(env.steward(&["dry-run", "w"]).code, 0);
-    assert_eq!(env.run("w", true).code, 1, "dry-run withdrew the approval");
+    assert_eq!(env.run("w", true).code, 11, "dry-run withdrew the approval");
 }
 
 // ---- crash safety: a real SIGKILL of `steward run` ----

@@ -194,7 +194,7 @@ fn case(cmd: CaseCmd) -> Result<(Request, View)> {
         } => (
             Request::CaseAdvance {
                 case_id,
-                driver: driver.unwrap_or_else(crate::governed::login_name),
+                driver: driver.unwrap_or_else(crate::governed::operator::login_name),
                 // Read here, where the path means what the operator meant by it.
                 member_result: member_result.map(|f| receipt(&f)).transpose()?,
                 run,
@@ -204,7 +204,7 @@ fn case(cmd: CaseCmd) -> Result<(Request, View)> {
         CaseCmd::Approve { case_id } => (
             Request::CaseApprove {
                 case_id,
-                by: crate::governed::login_name(),
+                by: crate::governed::operator::login_name(),
             },
             View::default(),
         ),

@@ -18,8 +18,7 @@
 
 mod env;
 mod machine;
-mod operator;
-pub use operator::login_name;
+pub mod operator;
 pub mod outcome;
 pub mod pause;
 mod steps;
