@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 secs=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config control_line feed marker queue_item webhook_body)
+[ ${#targets[@]} -gt 0 ] || targets=(config control_line feed marker queue_item webhook_body webhook_request)
 work=${FUZZ_WORK:-/tmp/steward-fuzz}
 cargo +nightly fuzz build -O
 for t in "${targets[@]}"; do

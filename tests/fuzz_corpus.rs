@@ -48,6 +48,11 @@ fn webhook_body_corpus() {
 }
 
 #[test]
+fn webhook_request_corpus() {
+    replay("webhook_request", checks::webhook_request);
+}
+
+#[test]
 fn feed_corpus() {
     replay("feed", checks::feed);
 }

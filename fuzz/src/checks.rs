@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderValue};
 use steward::budget::{BudgetGuard, Caps};
 use steward::control::Message;
+use steward::trigger::webhook::verify::{self, Format};
 use steward::trigger::webhook::{check_signature, decode_body, sign};
 
 /// A workflow file and the settings file from arbitrary bytes: errors, never a panic, and
@@ -112,6 +113,67 @@ pub fn webhook_body(data: &[u8]) {
         assert!(check_signature(b"other-secret", &headers, body, NOW).is_err());
     }
     let _ = decode_body(body);
+}
+
+/// A webhook request in any format: byte 0 picks the format (and whether the request is
+/// signed correctly), then newline-separated header lines `name: value` up to an empty
+/// line, then the body. Never a panic; a request signed as its format documents verifies
+/// (and not with another secret), and gives the same delivery id every time.
+pub fn webhook_request(data: &[u8]) {
+    const NOW: i64 = 1_800_000_000;
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let format = [
+        Format::Steward,
+        Format::Github,
+        Format::Stripe,
+        Format::Standard,
+    ][usize::from(mode % 4)];
+    let secret: &[u8] = if format == Format::Standard {
+        b"whsec_ZnV6ei1zZWNyZXQtZnV6ei1zZWNyZXQ="
+    } else {
+        b"fuzz-secret"
+    };
+    let (head, body) = match rest.windows(2).position(|w| w == b"\n\n") {
+        Some(at) => (&rest[..at], &rest[at + 2..]),
+        None => (rest, &[][..]),
+    };
+    let mut headers = HeaderMap::new();
+    for line in head.split(|&b| b == b'\n') {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        if let (Ok(name), Ok(value)) = (
+            axum::http::HeaderName::from_bytes(&line[..colon]),
+            HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    let resign = mode & 4 == 0;
+    if resign {
+        let id = String::from_utf8_lossy(head)
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(40)
+            .collect::<String>();
+        for (name, value) in verify::sign(format, secret, &format!("m{id}"), NOW, body) {
+            headers.insert(
+                name,
+                HeaderValue::from_str(&value).expect("a signature is a valid header"),
+            );
+        }
+    }
+    let verdict = verify::verify(format, secret, &headers, body, NOW);
+    if resign {
+        let delivery =
+            verdict.unwrap_or_else(|e| panic!("{format:?}: a correct signature was refused: {e}"));
+        assert!(!delivery.id.is_empty());
+        let again = verify::verify(format, secret, &headers, body, NOW).expect("verifies twice");
+        assert_eq!(again.id, delivery.id, "the delivery id is stable");
+        assert!(verify::verify(format, b"whsec_b3RoZXI=", &headers, body, NOW).is_err());
+    }
 }
 
 /// A feed document from arbitrary bytes, read as steward reads a fetched feed: an error or

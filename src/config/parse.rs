@@ -266,14 +266,17 @@ impl Validator<'_> {
                 tracing::warn!(file = %self.file.display(), "env.{name} holds a secret literal: prefer {{ from_env = \"VAR\" }}");
             }
         }
-        // Queue items and dropped files can be replayed after a crash; their natural key
-        // keeps a replay from committing twice.
+        // Queue items and dropped files can be replayed after a crash, webhooks
+        // redelivered; their natural key keeps a replay from committing twice.
         let idempotency_key =
             raw.idempotency_key
                 .map(|k| k.into_inner())
                 .or_else(|| match &trigger {
                     Some(Trigger::Queue { .. }) => Some("{{ trigger.item_id }}".to_string()),
                     Some(Trigger::File(_)) => Some("{{ trigger.sha256 }}".to_string()),
+                    // A provider redelivers until it hears back: its delivery id (or the
+                    // hash of what was signed) keeps a redelivery from committing twice.
+                    Some(Trigger::Webhook(_)) => Some("{{ trigger.delivery_id }}".to_string()),
                     _ => None,
                 });
         let sandbox_own = raw.sandbox.unwrap_or_default();

@@ -69,6 +69,10 @@ pub struct WebhookTrigger {
     pub secret_env: String,
     #[serde(default)]
     pub max_body_bytes: Option<u64>,
+    /// Whose signature scheme the endpoint checks: steward (default), github, stripe,
+    /// standard (Standard Webhooks).
+    #[serde(default)]
+    pub format: crate::trigger::webhook::verify::Format,
 }
 
 /// `[retry]`: how often a `failed` or `stagnated` run is tried again, and how long to wait.

@@ -170,6 +170,7 @@ impl Triggers {
                     w.path.clone(),
                     webhook::Route {
                         workflow: wf.id.clone(),
+                        format: w.format,
                         secret,
                         max_body: w.max_body_bytes.unwrap_or(webhook::DEFAULT_MAX_BODY),
                     },
@@ -406,6 +407,7 @@ impl Triggers {
             listener,
             self.routes.clone(),
             submit,
+            self.shared.engine.store.clone(),
             cancel.clone(),
         ));
         self.webhook_server = Some(Task { cancel, handle });

@@ -246,6 +246,14 @@ impl PauseCause {
     }
 }
 
+/// A webhook delivery steward already accepted: the run it started, and until when a
+/// replay of it could still verify.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SeenDelivery {
+    pub run_id: String,
+    pub until: DateTime<Utc>,
+}
+
 /// A paused workflow: since when, why, by whom.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pause {
@@ -357,6 +365,22 @@ pub trait Backend: Send + Sync {
     fn first_loaded(&self, workflow: &str) -> Result<Option<DateTime<Utc>>>;
 
     fn set_first_loaded(&self, workflow: &str, at: DateTime<Utc>) -> Result<()>;
+
+    // ---- webhook deliveries ----
+    /// Remembers a verified delivery `id` of `workflow`'s webhook as `seen`, unless it is
+    /// remembered already (and not past its `until` at `now`): then that earlier sighting
+    /// is returned and nothing changes. Atomic, so of two copies racing in one wins; and
+    /// flushed, so a redelivery after a crash is still known.
+    fn remember_delivery(
+        &self,
+        workflow: &str,
+        id: &str,
+        seen: &SeenDelivery,
+        now: DateTime<Utc>,
+    ) -> Result<Option<SeenDelivery>>;
+
+    /// Forgets the deliveries whose `until` is before `now`; returns how many.
+    fn forget_deliveries(&self, now: DateTime<Utc>) -> Result<usize>;
 
     /// The raw events of a case, in version order.
     fn case_events(&self, case: &str) -> Result<Vec<(u64, Vec<u8>)>>;

@@ -3,7 +3,8 @@
 //! Trees: `runs` (run records), `active` (runs not yet terminal), `keys` (idempotency
 //! keys and their phase), `dead_letter` (full copies of failed, exhausted and stagnated
 //! runs), `review` (runs waiting for an operator), `approvals` (go-live approvals bound to
-//! a config hash), `meta` (last slots, retention counters), `case_events`.
+//! a config hash), `meta` (last slots, first loads, retention counters), `case_events`,
+//! `deliveries` (the webhook deliveries accepted, until a replay could no longer verify).
 //!
 //! sled admits one process per folder and flushes on its own only every 500 ms, so the
 //! store is opened once and shared, and flushed at every point that must survive a crash.
@@ -37,6 +38,8 @@ pub struct SledStore {
     run_index: sled::Tree,
     /// Workflow id → [`Pause`], for each paused workflow.
     pauses: sled::Tree,
+    /// `WORKFLOW\0DELIVERY` → [`SeenDelivery`]: the webhook deliveries accepted.
+    deliveries: sled::Tree,
 }
 
 /// ` (pid N: cmdline)` for the processes that hold `dir` open, as far as /proc shows.
@@ -132,6 +135,7 @@ impl SledStore {
             run_meta: db.open_tree("run_meta")?,
             run_index: db.open_tree("run_index")?,
             pauses: db.open_tree("pauses")?,
+            deliveries: db.open_tree("deliveries")?,
             db,
         };
         store.build_run_index()?;
@@ -426,6 +430,58 @@ impl Backend for SledStore {
 
     fn set_last_slot(&self, workflow: &str, slot: DateTime<Utc>) -> Result<()> {
         self.put(&self.meta, &format!("last_slot/{workflow}"), &slot)
+    }
+
+    fn remember_delivery(
+        &self,
+        workflow: &str,
+        id: &str,
+        seen: &SeenDelivery,
+        now: DateTime<Utc>,
+    ) -> Result<Option<SeenDelivery>> {
+        let key = format!("{workflow}\0{id}");
+        let new = encode(seen);
+        let mut expected: Option<sled::IVec> = None;
+        loop {
+            match self.deliveries.compare_and_swap(
+                key.as_bytes(),
+                expected.clone(),
+                Some(new.clone()),
+            )? {
+                Ok(()) => break,
+                Err(current) => {
+                    let Some(bytes) = current.current else {
+                        expected = None;
+                        continue;
+                    };
+                    let earlier: SeenDelivery = decode("deliveries", key.as_bytes(), &bytes)?;
+                    if earlier.until >= now {
+                        return Ok(Some(earlier));
+                    }
+                    // Remembered, but past its time: take its place.
+                    expected = Some(bytes);
+                }
+            }
+        }
+        self.flush()?;
+        Ok(None)
+    }
+
+    fn forget_deliveries(&self, now: DateTime<Utc>) -> Result<usize> {
+        let mut gone = 0;
+        for item in self.deliveries.iter() {
+            let (k, v) = item?;
+            let seen: SeenDelivery = decode("deliveries", &k, &v)?;
+            if seen.until < now
+                && self
+                    .deliveries
+                    .compare_and_swap(&k, Some(v), None::<sled::IVec>)?
+                    .is_ok()
+            {
+                gone += 1;
+            }
+        }
+        Ok(gone)
     }
 
     fn first_loaded(&self, workflow: &str) -> Result<Option<DateTime<Utc>>> {
