@@ -77,7 +77,7 @@ impl RunLog {
     /// Appends one record (redacted) and flushes it to the OS.
     pub fn record(&self, entry: &Entry, redactor: &Redactor) -> std::io::Result<()> {
         let line = serde_json::to_string(entry).map_err(std::io::Error::other)?;
-        let mut line = redactor.redact(&line).into_owned();
+        let mut line = redactor.redact_json_text(&line).into_owned();
         line.push('\n');
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if inner.size > 0 && inner.size + line.len() as u64 > inner.max_bytes {

@@ -261,7 +261,14 @@ impl Validator<'_> {
                     "env.{name}: names are letters, digits and `_`, and STEWARD_* is reserved"
                 ));
             }
-            if let EnvValue::Literal { secret: true, .. } = value {
+            if let EnvValue::Literal {
+                secret: true,
+                value,
+            } = value
+            {
+                if let Some(why) = crate::redact::too_short(&format!("env.{name}"), value) {
+                    self.missing(why);
+                }
                 // Allowed, but a secret belongs in the environment, not in a file in git.
                 tracing::warn!(file = %self.file.display(), "env.{name} holds a secret literal: prefer {{ from_env = \"VAR\" }}");
             }

@@ -44,6 +44,10 @@ pub(super) fn step_env(wf: &Workflow) -> std::result::Result<StepEnv, (String, R
             }
         };
         if value.is_secret() {
+            if let Some(why) = crate::redact::too_short(&format!("env.{name}"), &v) {
+                missing.push(why);
+                continue;
+            }
             secrets.push((name.clone(), v.clone()));
         }
         vars.retain(|(k, _)| k != name);
