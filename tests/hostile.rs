@@ -421,3 +421,55 @@ fn a_live_run_works_as_an_unprivileged_user() {
     );
     assert_eq!(owner, 65534);
 }
+
+/// A key template that would loop 10^10 times: it must run out of its budget instead.
+const LOOPING_KEY: &str =
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+
+#[test]
+fn looping_key_templates_fail_their_runs_and_the_daemon_keeps_answering() {
+    let env = Env::new();
+    for id in ["loop-a", "loop-b"] {
+        env.workflow(&Spec::new(id, QUICK).key(LOOPING_KEY));
+    }
+    let validate = env.steward(&["validate"]);
+    assert_eq!(validate.code, 1, "{validate}");
+    for id in ["loop-a", "loop-b"] {
+        assert!(
+            validate
+                .stderr
+                .contains(&format!("{id}.toml: idempotency_key")),
+            "{validate}"
+        );
+    }
+
+    let mut d = env.daemon(&[]);
+    let started = std::time::Instant::now();
+    let runs: Vec<_> = ["loop-a", "loop-b"]
+        .iter()
+        .map(|id| env.spawn(&["run", id, "--json"]))
+        .collect();
+    let status = env.steward(&["status"]);
+    assert_eq!(status.code, 0, "{status}");
+    for (child, id) in runs.into_iter().zip(["loop-a", "loop-b"]) {
+        let out = child.wait_with_output().unwrap();
+        let rec: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{id}: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+        assert_eq!(rec["state"], "failed", "{rec:#}");
+        let reason = rec["reason"].as_str().unwrap();
+        assert!(
+            reason.contains(&format!("idempotency_key of workflow `{id}`")),
+            "{reason}"
+        );
+        assert!(reason.contains("{% for i in range(100000) %}"), "{reason}");
+        assert!(reason.contains("budget"), "{reason}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the runs took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(env.steward(&["status"]).code, 0);
+    let stopped = d.stop(Duration::from_secs(10));
+    assert!(stopped.success(), "{}", d.log_text());
+}

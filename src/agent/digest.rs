@@ -65,9 +65,15 @@ pub struct Failure {
     pub reason: String,
 }
 
+/// Instructions a digest template may execute: room for thousands of items.
+const DIGEST_FUEL: u64 = 20_000_000;
+
 /// Renders the digest. `custom` is an override template's text, if the agent has one.
 pub fn render(input: &serde_json::Value, custom: Option<&str>) -> Result<String, String> {
     let mut env = Environment::new();
+    // Bounded like every template steward runs: a loop in an override template ends in
+    // an error, not a step that spins until its runtime cap.
+    env.set_fuel(Some(DIGEST_FUEL));
     env.add_filter("md", escape_markdown);
     env.add_filter("md_url", escape_url);
     env.add_template("digest.md", DEFAULT_TEMPLATE)

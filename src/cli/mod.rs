@@ -229,8 +229,43 @@ fn agent_step(config: &Path, state: &Path, step: &str, agent: &str) -> Result<i3
     })
 }
 
+/// Renders each workflow's idempotency key once over a sample fire of its trigger, so a
+/// template that runs past its bounds (a loop, a huge key) is found before a run fails
+/// on it. Prints each one found; false when there was one.
+fn key_templates_within_bounds(cfg: &config::Config) -> bool {
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut ok = true;
+    for wf in cfg.workflows.values() {
+        let Some(source) = &wf.idempotency_key else {
+            continue;
+        };
+        let sample = serde_json::json!({
+            "run_id": "sample",
+            "workflow": wf.id,
+            "attempt": 1,
+            "dry_run": true,
+            "trigger": {
+                "kind": wf.trigger.kind(),
+                "fired_at": now,
+                "scheduled_for": now,
+                "payload": {},
+            },
+        });
+        if let Err(e) = crate::template::try_sample(source, &sample) {
+            eprintln!(
+                "{}: idempotency_key: {e}; every run of {} would fail on it",
+                wf.file.display(),
+                wf.id
+            );
+            ok = false;
+        }
+    }
+    ok
+}
+
 fn validate(config: &Path) -> Result<i32> {
     match config::load_dir(config) {
+        Ok(cfg) if !key_templates_within_bounds(&cfg) => Ok(1),
         Ok(cfg) => {
             let ids: Vec<&str> = cfg
                 .workflows

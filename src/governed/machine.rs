@@ -220,7 +220,7 @@ impl Engine {
     /// The one transition function.
     async fn transition(&self, run: &mut Run<'_>, phase: Phase) -> Result<Phase> {
         Ok(match phase {
-            Phase::Fired => self.take_key(run)?,
+            Phase::Fired => self.take_key(run).await?,
             Phase::Attempt { n } => self.attempt(run, n).await?,
             Phase::Backoff { n, delay, last } => tokio::select! {
                 _ = tokio::time::sleep(delay) => Phase::Attempt { n: n + 1 },
@@ -232,10 +232,11 @@ impl Engine {
     }
 
     /// Renders the idempotency key; a live run reserves it, durably, before any step.
-    fn take_key(&self, run: &mut Run<'_>) -> Result<Phase> {
+    async fn take_key(&self, run: &mut Run<'_>) -> Result<Phase> {
         let (wf, rec) = (run.wf, &mut run.rec);
         if let Some(source) = &wf.idempotency_key {
-            let key = match template::render(source, &run.ctx) {
+            let what = format!("the idempotency_key of workflow `{}`", wf.id);
+            let key = match template::render_bounded(&what, source, &run.ctx).await {
                 Ok(k) => k,
                 Err(e) => {
                     let why = format!("idempotency_key could not be rendered: {e}");
