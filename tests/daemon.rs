@@ -796,3 +796,66 @@ fn secrets_never_reach_the_daemon_log() {
         d.log_text()
     );
 }
+
+/// Every entry under `dir` (recursively, links not followed) with group or other bits.
+fn open_to_others(dir: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let meta = e.path().symlink_metadata().unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 && !meta.file_type().is_symlink() {
+            found.push(format!("{} {mode:04o}", e.path().display()));
+        }
+        if meta.is_dir() {
+            found.extend(open_to_others(&e.path()));
+        }
+    }
+    found
+}
+
+#[test]
+fn a_state_folder_created_under_umask_022_is_private_and_an_open_one_is_warned_about() {
+    // The umask a shell usually gives: steward must not rely on it.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    let env = Env::new();
+    std::fs::write(
+        env.config.join("steward.toml"),
+        "webhook_listen = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    env.workflow(&Spec::new("q", QUICK).trigger("queue = \"jobs\"").dry());
+    env.workflow(&Spec::new("m", QUICK).dry());
+    env.workflow(
+        &Spec::new("hook", QUICK)
+            .trigger("webhook = { path = \"/h\", secret_env = \"TEST_HOOK_SECRET\" }")
+            .dry(),
+    );
+    let mut d = env.daemon_env(&[], &[("TEST_HOOK_SECRET", "hook-secret-123")]);
+    assert_eq!(env.steward(&["enqueue", "jobs", "--payload", "{}"]).code, 0);
+    wait_for("the queue item's run", Duration::from_secs(20), || {
+        runs_of(&env, "q").len() == 1
+    });
+    assert!(env.webhook_addr().contains("127.0.0.1"));
+    assert!(env.state.join("dashboard.token").exists());
+    let run = env.run("m", false);
+    assert_eq!(run.state(), "success", "{run}");
+    d.stop(Duration::from_secs(10));
+    let open = open_to_others(&env.state);
+    assert!(
+        open.is_empty(),
+        "open to group or others:\n{}",
+        open.join("\n")
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&env.state).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+
+    // An operator opened it: steward says so at start-up (and leaves the choice alone).
+    std::fs::set_permissions(&env.state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut d = env.daemon(&[]);
+    wait_for("the warning", Duration::from_secs(10), || {
+        d.log_text().contains("is open to other users (mode 0755)")
+    });
+    d.stop(Duration::from_secs(10));
+}

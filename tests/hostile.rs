@@ -173,6 +173,82 @@ fn symlinks_in_a_watched_folder_are_never_followed() {
 }
 
 #[test]
+fn a_symlink_in_a_queue_spool_is_not_followed_and_a_non_utf8_file_name_is_reported() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new();
+    let inbox = env.path("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let secret = env.path("secret.json");
+    std::fs::write(&secret, r#"{"stolen": "do not read"}"#).unwrap();
+    env.workflow(
+        &Spec::new(
+            "q",
+            "cat > \"$MARKS/ctx-$STEWARD_RUN_ID.json\"\necho '{}'\n",
+        )
+        .trigger("queue = \"jobs\"")
+        .dry(),
+    );
+    env.workflow(
+        &Spec::new("drop", QUICK)
+            .trigger(&format!(
+                "file = {{ path = \"{}\", pattern = \"*\", debounce_ms = 50 }}",
+                inbox.display()
+            ))
+            .dry(),
+    );
+    let spool = env.state.join("queues/jobs");
+    std::fs::create_dir_all(&spool).unwrap();
+    // Sorted first, so the spool meets it before the real item.
+    std::os::unix::fs::symlink(&secret, spool.join("0000-link.json")).unwrap();
+    let d = env.daemon(&[]);
+    std::fs::write(
+        inbox.join(std::ffi::OsStr::from_bytes(b"report-\xff.csv")),
+        "a,b\n",
+    )
+    .unwrap();
+    assert_eq!(
+        env.steward(&["enqueue", "jobs", "--payload", r#"{"real": 1}"#])
+            .code,
+        0
+    );
+    wait_for("the real item to run", Duration::from_secs(20), || {
+        runs_of(&env, "q").len() == 1
+    });
+    let runs = runs_of(&env, "q");
+    assert_eq!(runs[0]["trigger"]["payload"]["real"], 1, "{runs:#?}");
+    for ctx in files_under(env.dir.path()) {
+        if ctx
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("ctx-")
+        {
+            let text = std::fs::read_to_string(&ctx).unwrap();
+            assert!(!text.contains("do not read"), "{text}");
+        }
+    }
+    wait_for(
+        "the spool's and the folder's warnings",
+        Duration::from_secs(10),
+        || {
+            let log = d.log_text();
+            log.contains("0000-link.json") && log.contains("is not UTF-8")
+        },
+    );
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("a symlink is never followed").count(),
+        1,
+        "said once, not once per look:\n{log}"
+    );
+    assert!(
+        spool.join("0000-link.json").symlink_metadata().is_ok(),
+        "left in place"
+    );
+    assert!(runs_of(&env, "drop").is_empty());
+}
+
+#[test]
 fn a_100_mb_file_drop_is_hashed_streaming_with_bounded_memory() {
     let env = Env::new();
     let inbox = env.path("inbox");

@@ -104,6 +104,12 @@ fn run_cli(cli: Cli) -> Result<i32> {
         state,
         command,
     } = cli;
+    // What steward writes (the state folder, the store, the runlog, queue items, run
+    // scratch) holds run records and outputs: private, whatever the umask it was started
+    // with. `steward new` writes config meant to be shared, reviewed and committed.
+    if !matches!(command, Command::New(_)) {
+        crate::store::private_umask();
+    }
     match command {
         Command::Daemon(args) => {
             // A daemon says what it does (start, reloads, fires skipped); a command stays quiet.

@@ -54,6 +54,9 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     std::fs::create_dir_all(&opts.state_dir)
         .with_context(|| format!("cannot create state folder {}", opts.state_dir.display()))?;
     let state_dir = std::fs::canonicalize(&opts.state_dir).unwrap_or(opts.state_dir.clone());
+    if let Some(warning) = crate::store::openness(&state_dir) {
+        tracing::warn!("{warning}");
+    }
     let (mut engine, recovery) = match governed::open(&state_dir) {
         Ok(v) => v,
         Err(governed::EngineError::Store(e @ StoreError::Locked { .. })) => {

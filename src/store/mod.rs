@@ -28,6 +28,26 @@ impl Store {
     }
 }
 
+/// Makes what this process creates from now on private to its user (umask 077): the state
+/// folder holds run records, outputs and queue items. Steps inherit it, as PostgreSQL's
+/// archive commands do; a step that must share a file says so itself (`umask`, `chmod`).
+pub fn private_umask() {
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+}
+
+/// Why `state_dir` is open to other users (any group or other permission bit), if it is.
+pub fn openness(state_dir: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(state_dir).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "state folder {} is open to other users (mode {mode:04o}): it holds run records and outputs; `chmod 700 {}`",
+            state_dir.display(),
+            state_dir.display()
+        )
+    })
+}
+
 impl std::ops::Deref for Store {
     type Target = dyn Backend;
 

@@ -76,6 +76,9 @@ where
         let mut present = std::collections::HashSet::new();
         for path in files_in(&watch.dir) {
             let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                if warned.insert(path.clone()) {
+                    tracing::warn!(workflow = %watch.workflow, file = %path.display(), "the file's name is not UTF-8: ignored (rename it to fire)");
+                }
                 continue;
             };
             if name.starts_with('.') || !watch.matcher.is_match(name) {

@@ -69,18 +69,33 @@ pub fn write_item(state: &Path, queue: &str, payload: &Value) -> Result<String> 
     Ok(id)
 }
 
-/// Items waiting in a queue, oldest first.
+/// Items waiting in a queue, oldest first: regular `*.json` files only.
 pub fn pending(state: &Path, queue: &str) -> Vec<PathBuf> {
-    let dir = spool_dir(state, queue);
-    let mut items: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "json"))
-                .collect()
-        })
-        .unwrap_or_default();
+    spool(state, queue).0
+}
+
+/// The spool's items, oldest first, and the `*.json` entries that are not items: a
+/// symlink (never followed: its target could be any file steward can read) or anything
+/// else that is not a regular file.
+fn spool(state: &Path, queue: &str) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let (mut items, mut refused) = (Vec::new(), Vec::new());
+    for e in std::fs::read_dir(spool_dir(state, queue))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let path = e.path();
+        if !path.extension().is_some_and(|x| x == "json") {
+            continue;
+        }
+        // The entry's own type: a symlink is a symlink, whatever it points at.
+        match e.file_type() {
+            Ok(t) if t.is_file() => items.push(path),
+            _ => refused.push(path),
+        }
+    }
     items.sort();
-    items
+    (items, refused)
 }
 
 /// Moves a bad item to `rejected/` with the reason beside it.
@@ -122,8 +137,14 @@ pub async fn run<F, Fut>(
     let _ = std::fs::create_dir_all(spool_dir(&state, &queue));
     // Items arriving by other means than `steward enqueue` wake us through the folder watch.
     let _watch = crate::trigger::watch_folder(&spool_dir(&state, &queue), wake.clone());
+    let mut told = std::collections::HashSet::new();
     loop {
-        let items = pending(&state, &queue);
+        let (items, refused) = spool(&state, &queue);
+        for path in refused {
+            if told.insert(path.clone()) {
+                tracing::warn!(queue, item = %path.display(), "not a regular file (a symlink is never followed): skipped, left in place");
+            }
+        }
         if items.is_empty() {
             tokio::select! {
                 _ = wake.notified() => continue,
@@ -179,14 +200,28 @@ pub async fn run<F, Fut>(
 }
 
 fn read_item(item: &Path) -> Result<Value, String> {
-    let meta = std::fs::metadata(item).map_err(|e| format!("cannot read: {e}"))?;
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_NOFOLLOW: an item swapped for a symlink since it was listed is refused, not read.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(item)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot read: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
     if meta.len() > MAX_ITEM_BYTES {
         return Err(format!(
             "item is {} bytes; at most {MAX_ITEM_BYTES}",
             meta.len()
         ));
     }
-    let bytes = std::fs::read(item).map_err(|e| format!("cannot read: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_ITEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
     decode_item(&bytes)
 }
 
