@@ -85,7 +85,7 @@ fn spool(state: &Path, queue: &str) -> (Vec<PathBuf>, Vec<PathBuf>) {
         .flatten()
     {
         let path = e.path();
-        if !path.extension().is_some_and(|x| x == "json") {
+        if path.extension().is_none_or(|x| x != "json") {
             continue;
         }
         // The entry's own type: a symlink is a symlink, whatever it points at.
