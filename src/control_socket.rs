@@ -54,17 +54,23 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, cancel: Cancel
     // Clients still waiting for a reply (a run finishing during shutdown) get it before
     // the daemon exits.
     let clients = tokio_util::task::TaskTracker::new();
+    let mut errors = crate::listener::AcceptErrors::new("control socket");
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
                 Err(e) => {
-                    tracing::warn!("control socket accept: {e}");
-                    continue;
+                    // Out of descriptors, say: wait, and say so once in a while.
+                    let wait = errors.failed(&e);
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => continue,
+                        _ = cancel.cancelled() => break,
+                    }
                 }
             },
             _ = cancel.cancelled() => break,
         };
+        errors.accepted();
         let uid = stream.peer_cred().map(|c| c.uid()).ok();
         if uid != Some(me) && uid != Some(0) {
             tracing::warn!(peer_uid = ?uid, "control socket: refused a client of another user");
@@ -103,9 +109,18 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, cancel: Cancel
 async fn handle(stream: UnixStream, service: Arc<Service>) -> Result<()> {
     let (read, write) = stream.into_split();
     let mut line = String::new();
-    tokio::io::BufReader::new(read.take(api::MAX_REQUEST))
-        .read_line(&mut line)
-        .await?;
+    let mut reader = tokio::io::BufReader::new(read.take(api::MAX_REQUEST));
+    let reading = reader.read_line(&mut line);
+    // A client that connects and says nothing is let go.
+    match tokio::time::timeout(crate::listener::REQUEST_LINE_TIMEOUT, reading).await {
+        Ok(read) => {
+            read?;
+        }
+        Err(_) => bail!(
+            "no request within {}s: disconnected",
+            crate::listener::REQUEST_LINE_TIMEOUT.as_secs()
+        ),
+    }
     let response = match api::decode::<RequestBody>(&line) {
         Ok(RequestBody { request }) => service.handle(request).await,
         Err(e) => Response::error(e),

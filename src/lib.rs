@@ -57,6 +57,7 @@ pub mod governed;
 pub mod helper;
 pub mod ledger;
 pub mod limits;
+pub mod listener;
 pub mod live;
 pub mod mail;
 pub mod metrics;

@@ -51,6 +51,9 @@ pub fn run_blocking(opts: Options) -> Result<()> {
 /// The daemon; returns when stopped by a signal or by `shutdown`.
 pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     let config = crate::service::load_config(&opts.config_dir)?;
+    if let Some((before, after)) = crate::listener::raise_open_files() {
+        tracing::info!("open files: soft limit raised from {before} to the hard limit {after}");
+    }
     std::fs::create_dir_all(&opts.state_dir)
         .with_context(|| format!("cannot create state folder {}", opts.state_dir.display()))?;
     let state_dir = std::fs::canonicalize(&opts.state_dir).unwrap_or(opts.state_dir.clone());

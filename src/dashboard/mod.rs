@@ -106,16 +106,12 @@ pub async fn serve(listening: Listening, cancel: CancellationToken) {
             guard::check,
         ))
         .with_state(dashboard);
-    let served = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        cancel.cancelled().await;
+    let app = app.layer(axum::middleware::from_fn(crate::listener::bounded_body));
+    // The live log's streams end when the dashboard stops, so no connection outlasts it.
+    let stop_streams = cancel.clone();
+    tokio::spawn(async move {
+        stop_streams.cancelled().await;
         stop.cancel();
-    })
-    .await;
-    if let Err(e) = served {
-        tracing::error!("dashboard stopped: {e}");
-    }
+    });
+    crate::listener::serve_http(listener, app, "dashboard", cancel).await;
 }

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -69,12 +69,7 @@ pub async fn serve(
         submit,
         store,
     });
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await;
-    if let Err(e) = result {
-        tracing::error!("webhook server stopped: {e}");
-    }
+    crate::listener::serve_http(listener, app, "webhook listener", cancel).await;
 }
 
 async fn forget_old_deliveries(store: Store, cancel: CancellationToken) {
@@ -139,8 +134,12 @@ async fn handle(
     if declared.is_some_and(|n| n > route.max_body) {
         return text(StatusCode::PAYLOAD_TOO_LARGE, "body too large");
     }
-    let Ok(bytes) = to_bytes(body, route.max_body as usize).await else {
-        return text(StatusCode::PAYLOAD_TOO_LARGE, "body too large");
+    let bytes = match crate::listener::read_body(body, route.max_body as usize).await {
+        Ok(bytes) => bytes,
+        Err(StatusCode::REQUEST_TIMEOUT) => {
+            return text(StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time")
+        }
+        Err(status) => return text(status, "body too large"),
     };
     let now = chrono::Utc::now();
     let delivery = match verify::verify(route.format, secret, &headers, &bytes, now.timestamp()) {
