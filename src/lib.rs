@@ -72,4 +72,5 @@ pub mod service;
 pub mod step;
 pub mod store;
 pub mod template;
+pub mod throttle;
 pub mod trigger;

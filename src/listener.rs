@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::throttle::{Throttle, LOG_EVERY};
+
 /// How long a client may take to send a request's headers (each request of a
 /// keep-alive connection too): a client that sends nothing, or trickles, is cut off.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,9 +31,6 @@ pub const REQUEST_LINE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most connections one HTTP listener serves at once, when the open-file limit
 /// allows it (see [`connection_cap`]).
 pub const MAX_CONNECTIONS: usize = 512;
-
-/// How often a repeating problem is logged at most.
-pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Raises the soft open-file limit to the hard one (a daemon with many clients and runs
 /// needs more than the usual 1,024). Returns (before, after) when it changed.
@@ -53,40 +52,6 @@ pub fn connection_cap() -> usize {
         .map(|(soft, _)| soft)
         .unwrap_or(1024);
     MAX_CONNECTIONS.min((limit / 4).max(8) as usize)
-}
-
-/// A line that could repeat in a loop, let through at most once per [`LOG_EVERY`]; the
-/// times it was held back in between are counted and told with the next.
-#[derive(Debug)]
-pub struct Throttle {
-    last: Option<Instant>,
-    held: u64,
-}
-
-impl Default for Throttle {
-    fn default() -> Self {
-        Throttle::new()
-    }
-}
-
-impl Throttle {
-    pub const fn new() -> Throttle {
-        Throttle {
-            last: None,
-            held: 0,
-        }
-    }
-
-    /// Some(times it happened since the last line, this one included) when it is time to
-    /// log; None to hold this one back.
-    pub fn due(&mut self, now: Instant) -> Option<u64> {
-        self.held += 1;
-        if self.last.is_some_and(|t| now.duration_since(t) < LOG_EVERY) {
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.held))
-    }
 }
 
 /// What an accept loop does when `accept` fails (EMFILE, ENFILE, ENOMEM, …): wait a
@@ -240,17 +205,6 @@ pub async fn bounded_body(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_throttle_lets_one_line_through_per_interval_and_counts_the_rest() {
-        let mut t = Throttle::new();
-        let start = Instant::now();
-        assert_eq!(t.due(start), Some(1));
-        for i in 1..1000 {
-            assert_eq!(t.due(start + Duration::from_millis(i)), None);
-        }
-        assert_eq!(t.due(start + LOG_EVERY + Duration::from_millis(1)), Some(1000));
-    }
 
     #[test]
     fn accept_errors_back_off_up_to_a_second() {

@@ -73,7 +73,10 @@ pub fn init_tracing(
         .with_filter(filter());
     match log_dir {
         None => {
-            let _ = tracing_subscriber::registry().with(stderr).try_init();
+            let _ = tracing_subscriber::registry()
+                .with(stderr)
+                .with(crate::throttle::LibraryLines)
+                .try_init();
             None
         }
         Some(dir) => {
@@ -92,6 +95,7 @@ pub fn init_tracing(
             let _ = tracing_subscriber::registry()
                 .with(stderr)
                 .with(file)
+                .with(crate::throttle::LibraryLines)
                 .try_init();
             Some(guard)
         }

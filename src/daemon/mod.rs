@@ -151,6 +151,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     crate::expect::note_loaded(&shared.engine, &shared.config(), chrono::Utc::now());
     let stop_watch = CancellationToken::new();
     let watch_task = tokio::spawn(watch_expectations(shared.clone(), stop_watch.clone()));
+    tokio::spawn(report_library_lines(stop_watch.clone()));
     shared.expect_checked.notified().await;
     triggers.catch_up_and_drain().await;
     triggers.reconcile().await;
@@ -269,6 +270,17 @@ async fn watch_expectations(shared: Arc<Shared>, stop: CancellationToken) {
         let config = shared.config();
         watch.check(&shared.engine, &config, chrono::Utc::now());
         shared.expect_checked.notify_one();
+    }
+}
+
+/// What a library logged too often, told as a count every [`crate::throttle::LOG_EVERY`].
+async fn report_library_lines(stop: CancellationToken) {
+    let mut tick = tokio::time::interval(crate::throttle::LOG_EVERY);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => crate::throttle::report_held_back(),
+            _ = stop.cancelled() => return,
+        }
     }
 }
 

@@ -427,6 +427,16 @@ impl Env {
     }
 
     pub fn daemon_env(&self, extra: &[&str], vars: &[(&str, &str)]) -> Daemon {
+        self.daemon_with(extra, vars, |_| {})
+    }
+
+    /// [`Env::daemon_env`], with `configure` applied to the command before it starts.
+    pub fn daemon_with(
+        &self,
+        extra: &[&str],
+        vars: &[(&str, &str)],
+        configure: impl FnOnce(&mut Command),
+    ) -> Daemon {
         let log = self.path(&format!(
             "daemon-{}.log",
             std::time::SystemTime::now()
@@ -441,6 +451,7 @@ impl Env {
         for (k, v) in vars {
             cmd.env(k, v);
         }
+        configure(&mut cmd);
         let child = dies_with_test(&mut cmd)
             .env("STEWARD_LOG", "info")
             .stdout(std::process::Stdio::null())

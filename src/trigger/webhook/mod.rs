@@ -137,7 +137,10 @@ async fn handle(
     let bytes = match crate::listener::read_body(body, route.max_body as usize).await {
         Ok(bytes) => bytes,
         Err(StatusCode::REQUEST_TIMEOUT) => {
-            return text(StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time")
+            return text(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body did not arrive in time",
+            )
         }
         Err(status) => return text(status, "body too large"),
     };
