@@ -55,6 +55,9 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, cancel: Cancel
     // the daemon exits.
     let clients = tokio_util::task::TaskTracker::new();
     let mut errors = crate::listener::AcceptErrors::new("control socket");
+    // Refused clients and failed ones are per connection: logged once per 10 s, counted.
+    let mut refused = crate::throttle::Throttle::new();
+    let failed = Arc::new(crate::throttle::Shared::default());
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {
@@ -73,7 +76,9 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, cancel: Cancel
         errors.accepted();
         let uid = stream.peer_cred().map(|c| c.uid()).ok();
         if uid != Some(me) && uid != Some(0) {
-            tracing::warn!(peer_uid = ?uid, "control socket: refused a client of another user");
+            if let Some(n) = refused.due(std::time::Instant::now()) {
+                tracing::warn!(peer_uid = ?uid, "control socket: refused a client of another user ({n} refused in the last 10s)");
+            }
             let refusal =
                 Response::error("refused: the daemon takes commands only from its own user");
             let _ = reply_to(stream, refusal).await;
@@ -83,7 +88,9 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, cancel: Cancel
         // could otherwise approve, go live or start runs through this socket.
         let pid = stream.peer_cred().ok().and_then(|c| c.pid());
         if pid.is_some_and(crate::sandbox::is_confined_step) {
-            tracing::warn!(peer_pid = ?pid, "control socket: refused a sandboxed step");
+            if let Some(n) = refused.due(std::time::Instant::now()) {
+                tracing::warn!(peer_pid = ?pid, "control socket: refused a sandboxed step ({n} refused in the last 10s)");
+            }
             let refusal = Response::error(
                 "refused: a sandboxed step may not command steward (its commit step may)",
             );
@@ -91,9 +98,12 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, cancel: Cancel
             continue;
         }
         let service = service.clone();
+        let failed = failed.clone();
         clients.spawn(async move {
             if let Err(e) = handle(stream, service).await {
-                tracing::warn!("control socket client: {e}");
+                if let Some(n) = failed.due() {
+                    tracing::warn!("control socket client: {e} ({n} failed in the last 10s)");
+                }
             }
         });
     }

@@ -51,8 +51,23 @@ impl Throttle {
     }
 }
 
-/// The daemon's log layer that throttles library lines: each place in a library's code
-/// gets one line per [`LOG_EVERY`]; steward's own lines pass untouched.
+/// A [`Throttle`] shared by tasks (each request of a listener, say).
+#[derive(Debug, Default)]
+pub struct Shared(Mutex<Throttle>);
+
+impl Shared {
+    /// [`Throttle::due`] now.
+    pub fn due(&self) -> Option<u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .due(Instant::now())
+    }
+}
+
+/// The daemon's log filter that throttles library warnings and errors: each place in a
+/// library's code gets one line per [`LOG_EVERY`]; steward's own lines, and a library's
+/// quieter ones (which the level filter judges), pass untouched.
 pub struct LibraryLines;
 
 /// Per library callsite: when a line last went out, and how many were held back since.
@@ -65,10 +80,14 @@ struct Held {
 
 static LIBRARY: Mutex<Option<HashMap<Identifier, Held>>> = Mutex::new(None);
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LibraryLines {
-    fn event_enabled(&self, event: &tracing::Event<'_>, _: Context<'_, S>) -> bool {
+impl<S: tracing::Subscriber> tracing_subscriber::layer::Filter<S> for LibraryLines {
+    fn enabled(&self, _: &tracing::Metadata<'_>, _: &Context<'_, S>) -> bool {
+        true
+    }
+
+    fn event_enabled(&self, event: &tracing::Event<'_>, _: &Context<'_, S>) -> bool {
         let meta = event.metadata();
-        if meta.target().starts_with("steward") {
+        if meta.target().starts_with("steward") || *meta.level() > tracing::Level::WARN {
             return true;
         }
         let now = Instant::now();
@@ -131,6 +150,7 @@ mod tests {
     }
 
     /// Counts the events that reach it.
+    #[derive(Clone)]
     struct Count(std::sync::Arc<std::sync::atomic::AtomicUsize>);
 
     impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Count {
@@ -142,22 +162,31 @@ mod tests {
     #[test]
     fn a_library_line_in_a_loop_goes_out_once_and_steward_s_own_lines_all_do() {
         use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::Layer;
         let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let subscriber = tracing_subscriber::registry()
-            .with(Count(seen.clone()))
-            .with(LibraryLines);
+        // Two outputs under one throttle, as the daemon's stderr and log file are.
+        let subscriber = tracing_subscriber::registry().with(
+            Count(seen.clone())
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+                .and_then(
+                    Count(seen.clone()).with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+                )
+                .with_filter(LibraryLines),
+        );
         tracing::subscriber::with_default(subscriber, || {
+            let seen = || seen.load(std::sync::atomic::Ordering::SeqCst);
             for _ in 0..10_000 {
                 tracing::error!(target: "tokio_cron_scheduler::deleter", "Error sending deletion");
             }
-            assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+            assert_eq!(seen(), 2, "once, in each output");
             for _ in 0..10 {
                 tracing::warn!(target: "steward::daemon", "one of ours");
+                tracing::info!(target: "hyper::server", "a library's quieter line");
             }
-            assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 11);
+            assert_eq!(seen(), 42);
             report_held_back();
             // The count, as one line of steward's own.
-            assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 12);
+            assert_eq!(seen(), 44);
         });
     }
 }

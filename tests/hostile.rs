@@ -706,4 +706,12 @@ fn a_low_soft_open_file_limit_is_raised_to_the_hard_one() {
         .unwrap();
     let soft: u64 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
     assert_eq!(soft, hard, "{line}");
+    // As the operator who set `ulimit -Sn 256` would try it: 400 clients held.
+    let addr = env.webhook_addr();
+    let held = slow_clients(&addr, 400);
+    assert_eq!(held.len(), 400);
+    assert_eq!(env.steward(&["status"]).code, 0);
+    assert_eq!(signed_post(&addr, r#"{"n":3}"#), 202);
+    let size = std::fs::metadata(&d.log).unwrap().len();
+    assert!(size < 1 << 20, "the log grew to {size} bytes");
 }

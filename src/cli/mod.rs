@@ -74,8 +74,7 @@ pub fn init_tracing(
     match log_dir {
         None => {
             let _ = tracing_subscriber::registry()
-                .with(stderr)
-                .with(crate::throttle::LibraryLines)
+                .with(stderr.with_filter(crate::throttle::LibraryLines))
                 .try_init();
             None
         }
@@ -92,10 +91,13 @@ pub fn init_tracing(
                 .with_ansi(false)
                 .with_writer(writer)
                 .with_filter(filter());
+            // One throttle over both outputs, so a line is judged once.
             let _ = tracing_subscriber::registry()
-                .with(stderr)
-                .with(file)
-                .with(crate::throttle::LibraryLines)
+                .with(
+                    stderr
+                        .and_then(file)
+                        .with_filter(crate::throttle::LibraryLines),
+                )
                 .try_init();
             Some(guard)
         }

@@ -53,6 +53,10 @@ struct AppState {
     routes: Routes,
     submit: Submit,
     store: Store,
+    /// Refusals and redeliveries are per request, so a sender (or an attacker) decides
+    /// how often they happen: logged once per 10 s with a count.
+    refused: Arc<crate::throttle::Shared>,
+    repeated: Arc<crate::throttle::Shared>,
 }
 
 /// Serves webhooks on `listener` until `cancel`; deliveries are remembered in `store`.
@@ -68,6 +72,8 @@ pub async fn serve(
         routes,
         submit,
         store,
+        refused: Arc::default(),
+        repeated: Arc::default(),
     });
     crate::listener::serve_http(listener, app, "webhook listener", cancel).await;
 }
@@ -148,7 +154,9 @@ async fn handle(
     let delivery = match verify::verify(route.format, secret, &headers, &bytes, now.timestamp()) {
         Ok(d) => d,
         Err(why) => {
-            tracing::warn!(workflow = %route.workflow, format = route.format.name(), "webhook refused: {why}");
+            if let Some(n) = app.refused.due() {
+                tracing::warn!(workflow = %route.workflow, format = route.format.name(), "webhook refused: {why} ({n} refused in the last {}s)", crate::throttle::LOG_EVERY.as_secs());
+            }
             return text(StatusCode::UNAUTHORIZED, &why);
         }
     };
@@ -175,7 +183,9 @@ async fn handle(
     match earlier {
         Ok(Ok(None)) => {}
         Ok(Ok(Some(earlier))) => {
-            tracing::info!(workflow = %route.workflow, delivery = %delivery.id, run = %earlier.run_id, "webhook delivery seen before: answered, nothing run");
+            if let Some(n) = app.repeated.due() {
+                tracing::info!(workflow = %route.workflow, delivery = %delivery.id, run = %earlier.run_id, "webhook delivery seen before: answered, nothing run ({n} such in the last {}s)", crate::throttle::LOG_EVERY.as_secs());
+            }
             return json_reply(
                 StatusCode::OK,
                 json!({ "run_id": earlier.run_id, "duplicate": true }),
