@@ -594,6 +594,18 @@ fn signed_post(addr: &str, body: &str) -> u16 {
         .unwrap_or(0)
 }
 
+/// The connection tests hold hundreds of sockets each: one at a time, so together they
+/// stay well inside this test process's own open-file limit.
+static MANY_SOCKETS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn many_sockets() -> std::sync::MutexGuard<'static, ()> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard.min(65536).max(soft), hard);
+    }
+    MANY_SOCKETS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// `n` connections that send the start of a request's headers and never finish them.
 fn slow_clients(addr: &str, n: usize) -> Vec<std::net::TcpStream> {
     (0..n)
@@ -607,6 +619,7 @@ fn slow_clients(addr: &str, n: usize) -> Vec<std::net::TcpStream> {
 
 #[test]
 fn slow_header_clients_are_cut_off_while_a_signed_delivery_is_answered() {
+    let _sockets = many_sockets();
     let env = hook_env();
     let _d = env.daemon_env(&[], &[("TEST_HOOK_SECRET", HOOK_SECRET)]);
     let addr = env.webhook_addr();
@@ -634,6 +647,7 @@ fn slow_header_clients_are_cut_off_while_a_signed_delivery_is_answered() {
 
 #[test]
 fn with_few_file_descriptors_and_400_connections_held_status_answers_and_the_log_stays_small() {
+    let _sockets = many_sockets();
     let env = hook_env();
     // Soft and hard limit both 256: steward cannot raise it, so its caps must hold.
     let d = env.daemon_with(&[], &[("TEST_HOOK_SECRET", HOOK_SECRET)], |cmd| {
@@ -672,6 +686,7 @@ fn with_few_file_descriptors_and_400_connections_held_status_answers_and_the_log
 
 #[test]
 fn a_low_soft_open_file_limit_is_raised_to_the_hard_one() {
+    let _sockets = many_sockets();
     let env = hook_env();
     let d = env.daemon_with(&[], &[("TEST_HOOK_SECRET", HOOK_SECRET)], |cmd| {
         // SAFETY: as above.

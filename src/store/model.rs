@@ -369,8 +369,7 @@ pub trait Backend: Send + Sync {
     // ---- webhook deliveries ----
     /// Remembers a verified delivery `id` of `workflow`'s webhook as `seen`, unless it is
     /// remembered already (and not past its `until` at `now`): then that earlier sighting
-    /// is returned and nothing changes. Atomic, so of two copies racing in one wins; and
-    /// flushed, so a redelivery after a crash is still known.
+    /// is returned and nothing changes. Atomic, so of two copies racing in one wins.
     fn remember_delivery(
         &self,
         workflow: &str,
