@@ -58,22 +58,8 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, cancel: Cancel
     // Refused clients and failed ones are per connection: logged once per 10 s, counted.
     let mut refused = crate::throttle::Throttle::new();
     let failed = Arc::new(crate::throttle::Shared::default());
-    loop {
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    // Out of descriptors, say: wait, and say so once in a while.
-                    let wait = errors.failed(&e);
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => continue,
-                        _ = cancel.cancelled() => break,
-                    }
-                }
-            },
-            _ = cancel.cancelled() => break,
-        };
-        errors.accepted();
+    // Out of descriptors, say: the accept waits, and says so once in a while.
+    while let Some((stream, _)) = errors.next(|| listener.accept(), &cancel).await {
         let uid = stream.peer_cred().map(|c| c.uid()).ok();
         if uid != Some(me) && uid != Some(0) {
             if let Some(n) = refused.due(std::time::Instant::now()) {

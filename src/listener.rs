@@ -94,6 +94,32 @@ impl AcceptErrors {
     pub fn accepted(&mut self) {
         self.delay = Duration::from_millis(10);
     }
+
+    /// The next connection `accept` gives, waiting out failures as [`Self::failed`]
+    /// says; None once `cancel` fires.
+    pub async fn next<T, F, Fut>(&mut self, mut accept: F, cancel: &CancellationToken) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::io::Result<T>>,
+    {
+        loop {
+            let failed = tokio::select! {
+                r = accept() => match r {
+                    Ok(connection) => {
+                        self.accepted();
+                        return Some(connection);
+                    }
+                    Err(e) => e,
+                },
+                _ = cancel.cancelled() => return None,
+            };
+            let wait = self.failed(&failed);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = cancel.cancelled() => return None,
+            }
+        }
+    }
 }
 
 /// Serves `app` over HTTP/1.1 on `listener` until `cancel`, within the limits above:
@@ -111,21 +137,7 @@ pub async fn serve_http(
     let mut errors = AcceptErrors::new(what);
     let mut over_cap = Throttle::new();
     let connections = tokio_util::task::TaskTracker::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    let wait = errors.failed(&e);
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => continue,
-                        _ = cancel.cancelled() => break,
-                    }
-                }
-            },
-            _ = cancel.cancelled() => break,
-        };
-        errors.accepted();
+    while let Some((stream, peer)) = errors.next(|| listener.accept(), &cancel).await {
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             if let Some(n) = over_cap.due(Instant::now()) {
                 tracing::warn!(

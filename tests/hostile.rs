@@ -292,18 +292,8 @@ fn a_100_mb_file_drop_is_hashed_streaming_with_bounded_memory() {
 
 #[test]
 fn a_100_mb_webhook_body_is_refused_without_being_buffered() {
-    let env = Env::new();
-    std::fs::write(
-        env.config.join("steward.toml"),
-        "webhook_listen = \"127.0.0.1:0\"\n",
-    )
-    .unwrap();
-    env.workflow(
-        &Spec::new("hook", QUICK)
-            .trigger("webhook = { path = \"/hooks/big\", secret_env = \"TEST_HOOK_SECRET\" }")
-            .dry(),
-    );
-    let d = env.daemon_env(&[], &[("TEST_HOOK_SECRET", "s3cret")]);
+    let env = hook_env();
+    let d = env.daemon_env(&[], &[("TEST_HOOK_SECRET", HOOK_SECRET)]);
     let addr = env.webhook_addr();
     let before = hwm_kib(d.pid());
 
@@ -333,7 +323,7 @@ fn post_streaming(addr: &str, length: Option<usize>) -> String {
         None => "Transfer-Encoding: chunked".to_string(),
     };
     let head = format!(
-        "POST /hooks/big HTTP/1.1\r\nHost: {addr}\r\nX-Steward-Timestamp: 1\r\nX-Steward-Signature: sha256=00\r\n{framing}\r\n\r\n"
+        "POST /h HTTP/1.1\r\nHost: {addr}\r\nX-Steward-Timestamp: 1\r\nX-Steward-Signature: sha256=00\r\n{framing}\r\n\r\n"
     );
     s.write_all(head.as_bytes()).unwrap();
     let block = vec![b'x'; 1 << 20];
