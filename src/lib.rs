@@ -53,6 +53,7 @@ pub mod daemon;
 pub mod dashboard;
 pub mod drain;
 pub mod expect;
+pub mod gateway;
 pub mod governed;
 pub mod helper;
 pub mod ledger;
