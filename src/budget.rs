@@ -4,6 +4,13 @@
 //! A cap is breached the moment usage goes *over* it (20 000 of 20 000 tokens is still
 //! within budget); the runtime cap is breached when the monotonic clock reaches it. The
 //! guard only decides; the step supervisor does the killing.
+//!
+//! Spend comes two ways: what the maker *reports* on fd 3 ([`BudgetGuard::charge`]) and
+//! what a meter steward runs itself *measures* ([`BudgetGuard::meter`], the model
+//! gateway's). The budget counts the larger of the two for each resource, so a maker that
+//! forgets or under-reports is still held to its caps, and one that reports what the
+//! meter also saw is not charged twice; [`BudgetGuard::misreported`] says when the
+//! reports fell short.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -97,9 +104,39 @@ pub struct Figures {
 pub struct BudgetGuard {
     caps: Caps,
     started: Instant,
+    /// What the maker reported on fd 3.
+    reported: Tally,
+    /// What steward measured itself.
+    metered: Tally,
+}
+
+/// Running sums of one source of spend.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Tally {
     tokens: u64,
     tool_calls: u64,
     cost_usd: f64,
+}
+
+impl Tally {
+    fn add(&mut self, resource: Resource, amount: f64) {
+        match resource {
+            Resource::Tokens => self.tokens = self.tokens.saturating_add(amount as u64),
+            Resource::ToolCalls => self.tool_calls = self.tool_calls.saturating_add(amount as u64),
+            // Saturate like the counters: two huge charges must not make +inf, which
+            // JSON cannot hold (the run record would not read back).
+            Resource::CostUsd => self.cost_usd = (self.cost_usd + amount).min(f64::MAX),
+        }
+    }
+
+    /// The larger of each figure.
+    fn max(self, other: Tally) -> Tally {
+        Tally {
+            tokens: self.tokens.max(other.tokens),
+            tool_calls: self.tool_calls.max(other.tool_calls),
+            cost_usd: self.cost_usd.max(other.cost_usd),
+        }
+    }
 }
 
 /// Float sums of cents drift (0.1 + 0.2 > 0.3); a charge this close to the cap is at it.
@@ -110,42 +147,75 @@ impl BudgetGuard {
         BudgetGuard {
             caps,
             started: Instant::now(),
-            tokens: 0,
-            tool_calls: 0,
-            cost_usd: 0.0,
+            reported: Tally::default(),
+            metered: Tally::default(),
         }
     }
 
-    /// Adds a charge and reports a breach if it took usage over the cap.
+    /// Adds a charge the maker reported and reports a breach if it took usage over the cap.
     pub fn charge(&mut self, resource: Resource, amount: f64) -> Option<Breach> {
+        self.reported.add(resource, amount);
+        self.breach(resource)
+    }
+
+    /// Adds spend steward measured itself (a model call through the gateway) and reports
+    /// a breach if it took usage over the cap.
+    pub fn meter(&mut self, resource: Resource, amount: f64) -> Option<Breach> {
+        self.metered.add(resource, amount);
+        self.breach(resource)
+    }
+
+    /// What counts: the larger of reported and metered, per resource.
+    fn counted(&self) -> Tally {
+        self.reported.max(self.metered)
+    }
+
+    fn breach(&self, resource: Resource) -> Option<Breach> {
+        let used = self.counted();
         match resource {
-            Resource::Tokens => {
-                self.tokens = self.tokens.saturating_add(amount as u64);
-                (self.tokens > self.caps.max_tokens).then(|| Breach {
-                    cap: Cap::Tokens,
-                    used: self.tokens.to_string(),
-                    limit: self.caps.max_tokens.to_string(),
-                })
-            }
-            Resource::ToolCalls => {
-                self.tool_calls = self.tool_calls.saturating_add(amount as u64);
-                (self.tool_calls > self.caps.max_tool_calls).then(|| Breach {
-                    cap: Cap::ToolCalls,
-                    used: self.tool_calls.to_string(),
-                    limit: self.caps.max_tool_calls.to_string(),
-                })
-            }
+            Resource::Tokens => (used.tokens > self.caps.max_tokens).then(|| Breach {
+                cap: Cap::Tokens,
+                used: used.tokens.to_string(),
+                limit: self.caps.max_tokens.to_string(),
+            }),
+            Resource::ToolCalls => (used.tool_calls > self.caps.max_tool_calls).then(|| Breach {
+                cap: Cap::ToolCalls,
+                used: used.tool_calls.to_string(),
+                limit: self.caps.max_tool_calls.to_string(),
+            }),
             Resource::CostUsd => {
-                // Saturate like the counters: two huge charges must not make +inf, which
-                // JSON cannot hold (the run record would not read back).
-                self.cost_usd = (self.cost_usd + amount).min(f64::MAX);
-                (self.cost_usd > self.caps.max_cost_usd + COST_EPSILON).then(|| Breach {
+                (used.cost_usd > self.caps.max_cost_usd + COST_EPSILON).then(|| Breach {
                     cap: Cap::CostUsd,
-                    used: fmt_usd(self.cost_usd),
+                    used: fmt_usd(used.cost_usd),
                     limit: fmt_usd(self.caps.max_cost_usd),
                 })
             }
         }
+    }
+
+    /// Where the maker's reports fell short of what steward measured: e.g.
+    /// `reported tokens 0 of 1500 metered`; None when they did not (or nothing was
+    /// metered).
+    pub fn misreported(&self) -> Option<String> {
+        let (r, m) = (self.reported, self.metered);
+        let mut short = Vec::new();
+        if r.tokens < m.tokens {
+            short.push(format!("tokens {} of {} metered", r.tokens, m.tokens));
+        }
+        if r.tool_calls < m.tool_calls {
+            short.push(format!(
+                "tool_calls {} of {} metered",
+                r.tool_calls, m.tool_calls
+            ));
+        }
+        if r.cost_usd + COST_EPSILON < m.cost_usd {
+            short.push(format!(
+                "cost_usd {} of {} metered",
+                fmt_usd(r.cost_usd),
+                fmt_usd(m.cost_usd)
+            ));
+        }
+        (!short.is_empty()).then(|| format!("reported {}", short.join(", ")))
     }
 
     /// The monotonic instant at which the runtime cap is reached.
@@ -161,11 +231,13 @@ impl BudgetGuard {
         }
     }
 
+    /// What the attempt consumed, as the budget counts it.
     pub fn figures(&self) -> Figures {
+        let used = self.counted();
         Figures {
-            tokens: self.tokens,
-            tool_calls: self.tool_calls,
-            cost_usd: self.cost_usd,
+            tokens: used.tokens,
+            tool_calls: used.tool_calls,
+            cost_usd: used.cost_usd,
             runtime_ms: self.started.elapsed().as_millis() as u64,
         }
     }
@@ -239,5 +311,29 @@ mod tests {
         let json = serde_json::to_string(&figures).unwrap();
         let back: Figures = serde_json::from_str(&json).expect("figures read back");
         assert_eq!(back.cost_usd, f64::MAX);
+    }
+
+    #[test]
+    fn the_budget_counts_the_larger_of_metered_and_reported_spend() {
+        let mut g = BudgetGuard::new(caps());
+        // A maker that reports nothing is still held to its caps by the meter.
+        assert!(g.meter(Resource::Tokens, 60.0).is_none());
+        assert_eq!(g.figures().tokens, 60);
+        assert_eq!(
+            g.misreported().as_deref(),
+            Some("reported tokens 0 of 60 metered")
+        );
+        // Reporting what the meter saw is not charged twice.
+        assert!(g.charge(Resource::Tokens, 60.0).is_none());
+        assert_eq!(g.figures().tokens, 60);
+        assert_eq!(g.misreported(), None);
+        // The meter alone takes it over the cap.
+        let breach = g.meter(Resource::Tokens, 41.0).expect("over 100");
+        assert_eq!((breach.cap, breach.used.as_str()), (Cap::Tokens, "101"));
+        // Reports above the meter count too (work the meter cannot see).
+        let mut g = BudgetGuard::new(caps());
+        g.meter(Resource::CostUsd, 0.1);
+        assert!(g.charge(Resource::CostUsd, 0.35).is_some());
+        assert_eq!(g.misreported(), None);
     }
 }
