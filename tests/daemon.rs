@@ -837,6 +837,12 @@ fn a_state_folder_created_under_umask_022_is_private_and_an_open_one_is_warned_a
         runs_of(&env, "q").len() == 1
     });
     assert!(env.webhook_addr().contains("127.0.0.1"));
+    let addr_file = env.state.join("webhook.addr");
+    wait_for("webhook.addr", Duration::from_secs(10), || {
+        addr_file.exists()
+    });
+    let mode = std::fs::metadata(&addr_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode & 0o077, 0, "webhook.addr is {mode:04o}");
     assert!(env.state.join("dashboard.token").exists());
     let run = env.run("m", false);
     assert_eq!(run.state(), "success", "{run}");

@@ -93,6 +93,8 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         );
     }
     let listener = crate::control_socket::bind(&state_dir)?;
+    // A previous daemon's webhook address is not this one's.
+    let _ = std::fs::remove_file(state_dir.join("webhook.addr"));
     let shared = Arc::new(Shared {
         runner: Runner::new(engine.clone(), opts.max_concurrent),
         engine,
@@ -253,6 +255,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         .flush()
         .context("final flush of the store")?;
     crate::control_socket::remove(&state_dir);
+    let _ = std::fs::remove_file(state_dir.join("webhook.addr"));
     tracing::info!("steward daemon stopped");
     Ok(())
 }

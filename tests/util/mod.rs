@@ -381,12 +381,26 @@ impl Env {
         std::fs::write(self.path("vault/_config/email-distribution.md"), list).unwrap();
     }
 
-    /// Where the running daemon's webhook server listens.
+    /// Where the running daemon's webhook server listens, as its `status` says (waited
+    /// for: the listener starts once the daemon has loaded its triggers, after the socket
+    /// answers).
     pub fn webhook_addr(&self) -> String {
-        std::fs::read_to_string(self.state.join("webhook.addr"))
-            .unwrap()
-            .trim()
-            .to_string()
+        let mut addr = String::new();
+        wait_for(
+            "the daemon's webhook listener",
+            Duration::from_secs(20),
+            || {
+                let out = self.steward(&["status", "--json"]);
+                match out.code == 0 {
+                    true => out.json()["webhook_listen"]
+                        .as_str()
+                        .map(|a| addr = a.to_string())
+                        .is_some(),
+                    false => false,
+                }
+            },
+        );
+        addr
     }
 }
 
