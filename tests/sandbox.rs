@@ -334,11 +334,17 @@ fn a_kernel_without_tcp_rules_gives_a_partial_sandbox_and_require_refuses() {
         "{run}"
     );
     let daemon = env.daemon_env(&[], &old);
-    let log = std::fs::read_to_string(&daemon.log).unwrap();
-    assert!(
-        log.contains("sandbox: Landlock ABI 3 (filesystem, partial: no TCP rules"),
-        "{log}"
-    );
+    // Said once the daemon is ready, which can be just after its socket answers.
+    let said = "sandbox: Landlock ABI 3 (filesystem, partial: no TCP rules";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !daemon.log_text().contains(said) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// A maker that forks 40 sleepers and allocates 200 MiB: with `pids_max = 20` its forks
