@@ -1,9 +1,14 @@
 //! The metered model gateway (issue 26, in progress): steward between each run and its
 //! model provider, counting what is really spent rather than what the maker reports.
 //!
-//! Landed so far: [`meter`], which reads the spend out of provider responses (whole JSON
-//! and server-sent event streams, OpenAI's and Anthropic's shapes) and prices it. The
-//! listener that forwards a run's calls with the real key, the per-run keys and the
-//! charging of the run's budget build on it.
+//! Landed so far, each tested against the official SDKs and a provider stand-in:
+//! [`meter`] reads the spend out of provider responses (whole JSON and server-sent event
+//! streams, OpenAI's and Anthropic's shapes) and prices it; [`keys`] issues the per-run
+//! keys a step shows instead of the real one; [`forward`] serves the provider APIs on
+//! loopback, checks key and model, forwards with the real key and meters each call as it
+//! passes. Still to come: the daemon starting it for workflows that opt in with
+//! `[gateway]`, charging the run's budget live, reservations and cut streams.
 
+pub mod forward;
+pub mod keys;
 pub mod meter;
