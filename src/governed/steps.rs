@@ -78,6 +78,7 @@ impl Engine {
             } else {
                 wf.limits
             },
+            metered: None,
         };
         let figures_before = guard.is_some();
         let mut guard = guard;

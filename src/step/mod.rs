@@ -104,7 +104,13 @@ pub struct StepRequest<'a> {
     pub sandbox: Option<&'a crate::sandbox::Confinement>,
     /// Memory, process and CPU caps held by cgroups (none set for most steps).
     pub limits: crate::limits::Limits,
+    /// Spend steward measures itself while the step runs (the model gateway's calls):
+    /// charged as it arrives, like a report on fd 3, through [`BudgetGuard::meter`].
+    pub metered: Option<Metered>,
 }
+
+/// Metered charges for one step: (resource, amount), as [`Message::Charge`] has them.
+pub type Metered = mpsc::UnboundedReceiver<(control::Resource, f64)>;
 
 /// Why the supervisor stopped watching.
 #[derive(Debug, Clone, PartialEq)]
@@ -280,6 +286,7 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     let timeout_deadline = req.timeout.map(|t| started + t);
     let mut last_progress = Instant::now();
     let mut ctl_open = true;
+    let mut metered = req.metered;
     let far = started + Duration::from_secs(365 * 24 * 3600);
 
     let ending = loop {
@@ -289,6 +296,15 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
                 out.exit = status.ok();
                 break Ending::Exited;
             }
+            charge = recv_metered(&mut metered), if metered.is_some() => match charge {
+                Some((resource, amount)) => {
+                    last_progress = Instant::now();
+                    if let Some(breach) = guard.as_mut().and_then(|g| g.meter(resource, amount)) {
+                        break Ending::Breach(breach);
+                    }
+                }
+                None => metered = None,
+            },
             msg = ctl_rx.recv(), if ctl_open => match msg {
                 Some(msg) => {
                     last_progress = Instant::now();
@@ -356,6 +372,14 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
             _ => ctl_open = false,
         }
     }
+    // So do metered charges that arrived as the step ended.
+    while let Some(Ok((resource, amount))) = metered.as_mut().map(|m| m.try_recv()) {
+        if let Some(breach) = guard.as_mut().and_then(|g| g.meter(resource, amount)) {
+            if out.ending == Ending::Exited {
+                out.ending = Ending::Breach(breach);
+            }
+        }
+    }
     ctl_task.abort();
     if let Some(task) = stdout_task {
         if let Ok(Ok(bytes)) = tokio::time::timeout_at(drain_until, task).await {
@@ -407,6 +431,14 @@ async fn stop_group(child: &mut StepProcess, pgid: Option<Pid>, grace: Duration)
     child.wait().await.ok()
 }
 
+/// The next metered charge; pending forever when there is no feed (its arm is off then).
+async fn recv_metered(metered: &mut Option<Metered>) -> Option<(control::Resource, f64)> {
+    match metered {
+        Some(m) => m.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The supervisor on real processes, started whichever way this machine allows
@@ -432,6 +464,7 @@ mod tests {
                 cancel: CancellationToken::new(),
                 sandbox: None,
                 limits: Default::default(),
+                metered: None,
             },
             None,
         )
@@ -479,5 +512,65 @@ mod tests {
             Ending::SpawnFailed(e) => assert!(e.contains("No such file"), "{e}"),
             other => panic!("expected a spawn failure, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn metered_spend_over_the_cap_kills_a_step_that_reports_nothing() {
+        use crate::control::Resource;
+        let dir = tempfile::tempdir().unwrap();
+        let argv: Vec<String> = ["sh", "-c", "sleep 30"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        let env = vec![("PATH".to_string(), "/usr/bin:/bin".to_string())];
+        let (feed, metered) = mpsc::unbounded_channel();
+        let mut guard = BudgetGuard::new(crate::budget::Caps {
+            max_tokens: 1000,
+            max_tool_calls: 5,
+            max_runtime: Duration::from_secs(60),
+            max_cost_usd: 1.0,
+            stall_timeout: None,
+            kill_grace: Duration::from_secs(1),
+        });
+        // Two model calls, as the gateway meters them: the second takes it over 1000.
+        feed.send((Resource::Tokens, 600.0)).unwrap();
+        feed.send((Resource::ToolCalls, 1.0)).unwrap();
+        feed.send((Resource::Tokens, 600.0)).unwrap();
+        let started = Instant::now();
+        let out = run_step(
+            StepRequest {
+                kind: StepKind::Run,
+                argv: &argv,
+                cwd: dir.path(),
+                env: &env,
+                stdin: Vec::new(),
+                timeout: None,
+                kill_grace: Duration::from_secs(1),
+                stall_timeout: None,
+                cancel: CancellationToken::new(),
+                sandbox: None,
+                limits: Default::default(),
+                metered: Some(metered),
+            },
+            Some(&mut guard),
+        )
+        .await;
+        match &out.ending {
+            Ending::Breach(b) => assert_eq!(
+                (b.cap, b.used.as_str()),
+                (crate::budget::Cap::Tokens, "1200")
+            ),
+            other => panic!("not a breach: {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(guard.figures().tool_calls, 1);
+        assert_eq!(
+            guard.misreported().as_deref(),
+            Some("reported tokens 0 of 1200 metered, tool_calls 0 of 1 metered")
+        );
     }
 }
