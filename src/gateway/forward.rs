@@ -76,8 +76,7 @@ pub async fn serve(
         client: reqwest::Client::new(),
     };
     let app = Router::new()
-        .route("/openai/v1/{*endpoint}", post(openai))
-        .route("/anthropic/v1/{*endpoint}", post(anthropic))
+        .route("/{provider}/v1/{*endpoint}", post(forward_call))
         .fallback(|| async {
             refuse(
                 Provider::Openai,
@@ -97,24 +96,25 @@ fn known(provider: Provider, endpoint: &str) -> bool {
     }
 }
 
-async fn openai(
+async fn forward_call(
     State(g): State<Gateway>,
-    Path(endpoint): Path<String>,
+    Path((provider, endpoint)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let provider = match provider.as_str() {
+        "openai" => Provider::Openai,
+        "anthropic" => Provider::Anthropic,
+        _ => {
+            return refuse(
+                Provider::Openai,
+                StatusCode::NOT_FOUND,
+                "no such provider on the steward gateway (openai, anthropic)",
+            )
+        }
+    };
     let key = presented_key(&headers);
-    call(g, Provider::Openai, &endpoint, key, headers, body).await
-}
-
-async fn anthropic(
-    State(g): State<Gateway>,
-    Path(endpoint): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let key = presented_key(&headers);
-    call(g, Provider::Anthropic, &endpoint, key, headers, body).await
+    call(g, provider, &endpoint, key, headers, body).await
 }
 
 /// The key a client shows: `x-api-key` (Anthropic's documented header) or
