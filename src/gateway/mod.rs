@@ -6,9 +6,11 @@
 //! streams, OpenAI's and Anthropic's shapes) and prices it; [`keys`] issues the per-run
 //! keys a step shows instead of the real one; [`forward`] serves the provider APIs on
 //! loopback, checks key and model, forwards with the real key and meters each call as it
-//! passes. Still to come: the daemon starting it for workflows that opt in with
-//! `[gateway]`, charging the run's budget live, reservations and cut streams.
+//! passes; [`reserve`] reserves a call's worst case, lowers its output limit to what the
+//! budget leaves, and says what a finished call charges. Still to come: the daemon starting it for workflows that opt in with
+//! `[gateway]`, feeding each step's budget (`StepRequest::metered`), and cut streams.
 
 pub mod forward;
 pub mod keys;
 pub mod meter;
+pub mod reserve;
