@@ -139,6 +139,77 @@ impl Tally {
     }
 }
 
+/// What an attempt may still spend of its token and cost caps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Left {
+    pub tokens: u64,
+    pub cost_usd: f64,
+}
+
+/// An attempt's headroom, shared between its step (which publishes what its guard leaves
+/// after every charge) and a meter that must decide *before* spending — the model
+/// gateway, which reserves each call's worst case out of it.
+#[derive(Debug, Clone)]
+pub struct Headroom(std::sync::Arc<std::sync::Mutex<Room>>);
+
+#[derive(Debug)]
+struct Room {
+    /// What the guard leaves, as the step last published it (less charges sent since).
+    left: Left,
+    /// Reserved by calls in flight.
+    reserved: Left,
+}
+
+impl Headroom {
+    pub fn new(left: Left) -> Headroom {
+        let none = Left {
+            tokens: 0,
+            cost_usd: 0.0,
+        };
+        Headroom(std::sync::Arc::new(std::sync::Mutex::new(Room {
+            left,
+            reserved: none,
+        })))
+    }
+
+    fn room(&self) -> std::sync::MutexGuard<'_, Room> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The step's guard was charged: this is what it leaves now.
+    pub fn publish(&self, left: Left) {
+        self.room().left = left;
+    }
+
+    /// Reserves what `decide` asks of what is free (left less reserved), atomically, so
+    /// two calls in flight cannot both take the last of the budget. Returns `decide`'s
+    /// answer and what it took, to [`Headroom::settle`] later.
+    pub fn reserve<T, E>(
+        &self,
+        decide: impl FnOnce(Left) -> Result<(T, Left), E>,
+    ) -> Result<(T, Left), E> {
+        let mut room = self.room();
+        let free = Left {
+            tokens: room.left.tokens.saturating_sub(room.reserved.tokens),
+            cost_usd: (room.left.cost_usd - room.reserved.cost_usd).max(0.0),
+        };
+        let (out, take) = decide(free)?;
+        room.reserved.tokens += take.tokens;
+        room.reserved.cost_usd += take.cost_usd;
+        Ok((out, take))
+    }
+
+    /// A call ended: its reservation is freed, and what it spent is taken off at once
+    /// (the step's guard will publish the same figure when it has counted the charge).
+    pub fn settle(&self, reserved: Left, spent: Left) {
+        let mut room = self.room();
+        room.reserved.tokens = room.reserved.tokens.saturating_sub(reserved.tokens);
+        room.reserved.cost_usd = (room.reserved.cost_usd - reserved.cost_usd).max(0.0);
+        room.left.tokens = room.left.tokens.saturating_sub(spent.tokens);
+        room.left.cost_usd = (room.left.cost_usd - spent.cost_usd).max(0.0);
+    }
+}
+
 /// Float sums of cents drift (0.1 + 0.2 > 0.3); a charge this close to the cap is at it.
 const COST_EPSILON: f64 = 1e-9;
 
@@ -216,6 +287,33 @@ impl BudgetGuard {
             ));
         }
         (!short.is_empty()).then(|| format!("reported {}", short.join(", ")))
+    }
+
+    /// What the token and cost caps leave (nothing once a cap is passed).
+    pub fn left(&self) -> Left {
+        let used = self.counted();
+        Left {
+            tokens: self.caps.max_tokens.saturating_sub(used.tokens),
+            cost_usd: (self.caps.max_cost_usd - used.cost_usd).max(0.0),
+        }
+    }
+
+    /// The breach of a spend that was refused before it happened (the gateway would not
+    /// forward a call the budget cannot cover): the cap, and what it would have reached.
+    pub fn refused(&self, cap: Cap, asked: f64) -> Breach {
+        let used = self.counted();
+        match cap {
+            Cap::CostUsd => Breach {
+                cap,
+                used: fmt_usd(used.cost_usd + asked),
+                limit: fmt_usd(self.caps.max_cost_usd),
+            },
+            _ => Breach {
+                cap: Cap::Tokens,
+                used: (used.tokens + asked as u64).to_string(),
+                limit: self.caps.max_tokens.to_string(),
+            },
+        }
     }
 
     /// The monotonic instant at which the runtime cap is reached.

@@ -44,6 +44,35 @@ struct SpendLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    workflow: String,
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelTokenLabels {
+    workflow: String,
+    model: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelCallLabels {
+    workflow: String,
+    model: String,
+    status: &'static str,
+}
+
+/// One model call through the gateway, as [`Metrics::model_call`] counts it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ModelCallFigures {
+    pub input_tokens: u64,
+    pub cached_input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_usd: f64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabel {
     queue: String,
 }
@@ -68,6 +97,9 @@ pub struct Metrics {
     duration: Family<WorkflowLabel, Histogram, fn() -> Histogram>,
     lag: Family<WorkflowLabel, Histogram, fn() -> Histogram>,
     spend: Family<SpendLabels, FloatCounter>,
+    model_calls: Family<ModelCallLabels, Counter>,
+    model_tokens: Family<ModelTokenLabels, Counter>,
+    model_cost: Family<ModelLabels, FloatCounter>,
     queue_depth: Family<QueueLabel, Gauge>,
     last_success: Family<WorkflowLabel, FloatGauge>,
     paused: Family<PauseLabels, Gauge>,
@@ -110,6 +142,9 @@ impl Metrics {
             duration: Family::new_with_constructor(seconds_histogram as fn() -> Histogram),
             lag: Family::new_with_constructor(seconds_histogram as fn() -> Histogram),
             spend: Family::default(),
+            model_calls: Family::default(),
+            model_tokens: Family::default(),
+            model_cost: Family::default(),
             queue_depth: Family::default(),
             last_success: Family::default(),
             paused: Family::default(),
@@ -140,6 +175,21 @@ impl Metrics {
             "budget_spend",
             "Budget spent by ended runs, by kind (tokens, tool_calls, cost_usd, runtime_seconds)",
             m.spend.clone(),
+        );
+        registry.register(
+            "model_calls",
+            "Model calls through the gateway, by workflow, model and status (ok, error, cut, refused)",
+            m.model_calls.clone(),
+        );
+        registry.register(
+            "model_tokens",
+            "Tokens metered by the gateway, by workflow, model and kind (input, cached_input, output)",
+            m.model_tokens.clone(),
+        );
+        registry.register(
+            "model_cost_usd",
+            "USD metered by the gateway at the [gateway.pricing] rates, by workflow and model",
+            m.model_cost.clone(),
         );
         registry.register(
             "queue_depth",
@@ -190,6 +240,43 @@ impl Metrics {
             }),
         );
         Metrics { registry, ..m }
+    }
+
+    /// Counts one model call through the gateway as it ends (or is refused: `status`
+    /// `refused`, figures zero).
+    pub fn model_call(
+        &self,
+        workflow: &str,
+        model: &str,
+        status: &'static str,
+        f: ModelCallFigures,
+    ) {
+        self.model_calls
+            .get_or_create(&ModelCallLabels {
+                workflow: workflow.to_string(),
+                model: model.to_string(),
+                status,
+            })
+            .inc();
+        for (kind, n) in [
+            ("input", f.input_tokens),
+            ("cached_input", f.cached_input_tokens),
+            ("output", f.output_tokens),
+        ] {
+            self.model_tokens
+                .get_or_create(&ModelTokenLabels {
+                    workflow: workflow.to_string(),
+                    model: model.to_string(),
+                    kind,
+                })
+                .inc_by(n);
+        }
+        self.model_cost
+            .get_or_create(&ModelLabels {
+                workflow: workflow.to_string(),
+                model: model.to_string(),
+            })
+            .inc_by(f.cost_usd);
     }
 
     /// Counts a run that ended (any final state, skipped and missed included).

@@ -30,6 +30,23 @@ pub enum Net {
     Any,
 }
 
+impl Net {
+    /// This rule with TCP to `port` allowed too (the model gateway's, for a step that
+    /// calls it).
+    pub fn with_port(self, port: u16) -> Net {
+        match self {
+            Net::None => Net::Ports(vec![port]),
+            Net::Ports(mut ports) => {
+                if !ports.contains(&port) {
+                    ports.push(port);
+                }
+                Net::Ports(ports)
+            }
+            Net::Any => Net::Any,
+        }
+    }
+}
+
 /// What one step may do: read (and run) beneath `read`, read and write beneath `write`,
 /// and reach `net`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -220,8 +220,8 @@ const OUTPUT: u64 = 80;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdks_call_through_the_gateway_and_each_call_is_metered() {
-    use steward::gateway::forward::{self, Upstream, Upstreams};
-    use steward::gateway::keys::{Call, Grant, Registry};
+    use steward::gateway::forward::{self, Upstream};
+    use steward::gateway::keys::{Call, Event, Grant, Registry};
 
     let dir = tempfile::tempdir().unwrap();
     let keys_seen = dir.path().join("keys-seen");
@@ -230,24 +230,23 @@ async fn the_official_sdks_call_through_the_gateway_and_each_call_is_metered() {
         base_url: format!("http://127.0.0.1:{}/v1", s.port),
         key: key.to_string(),
     };
-    let upstreams = Upstreams {
-        openai: Some(upstream(REAL_OPENAI)),
-        anthropic: Some(upstream(REAL_ANTHROPIC)),
-    };
+    let upstreams = vec![
+        (Provider::Openai, upstream(REAL_OPENAI)),
+        (Provider::Anthropic, upstream(REAL_ANTHROPIC)),
+    ];
     let registry = Registry::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let cancel = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(forward::serve(
-        listener,
-        registry.clone(),
-        upstreams,
-        cancel.clone(),
-    ));
+    tokio::spawn(forward::serve(listener, registry.clone(), cancel.clone()));
     let calls: std::sync::Arc<std::sync::Mutex<Vec<Call>>> = Default::default();
     let sink = {
         let calls = calls.clone();
-        std::sync::Arc::new(move |c: &Call| calls.lock().unwrap().push(c.clone()))
+        std::sync::Arc::new(move |e: Event<'_>| {
+            if let Event::Call(c) = e {
+                calls.lock().unwrap().push(c.clone())
+            }
+        })
     };
     let models = [
         "gpt-4o-mini",
@@ -259,8 +258,12 @@ async fn the_official_sdks_call_through_the_gateway_and_each_call_is_metered() {
         .issue(Grant {
             run_id: "run-1".into(),
             workflow: "w".into(),
-            providers: vec![Provider::Openai, Provider::Anthropic],
+            step: "run".into(),
+            upstreams,
             models: models.iter().map(|m| m.to_string()).collect(),
+            pricing: Default::default(),
+            budget: None,
+            log_bodies: false,
             sink,
         })
         .unwrap();

@@ -376,21 +376,35 @@ fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response
         }
         _ => {}
     }
-    let engine = open_engine(state)?;
-    engine
-        .store
-        .set_retention(crate::config::Settings::load_lenient(config).retention());
-    let service = Service {
-        runner: Runner::new(engine.clone(), LOCAL_MAX_CONCURRENT),
-        engine,
-        config_dir: config.to_path_buf(),
-        state_dir: state.to_path_buf(),
-        daemon: None,
-    };
+    let mut engine = open_engine(state)?;
+    let settings = crate::config::Settings::load_lenient(config);
+    engine.store.set_retention(settings.retention());
     block_on(async {
+        // Runs made here call models through a gateway of this process's own.
+        let stop_gateway = tokio_util::sync::CancellationToken::new();
+        engine.gateway = match crate::gateway::Gateway::start(
+            &settings.gateway.listen_addr(),
+            stop_gateway.clone(),
+        )
+        .await
+        {
+            Ok(g) => Some(g),
+            Err(e) => {
+                eprintln!("steward: no model gateway in this process (workflows with [gateway] cannot run): {e}");
+                None
+            }
+        };
+        let service = Service {
+            runner: Runner::new(engine.clone(), LOCAL_MAX_CONCURRENT),
+            engine,
+            config_dir: config.to_path_buf(),
+            state_dir: state.to_path_buf(),
+            daemon: None,
+        };
         let watcher = stop_runs_on_signal(service.runner.clone())?;
         let response = service.handle(request).await;
         watcher.abort();
+        stop_gateway.cancel();
         Ok(response)
     })
 }

@@ -112,6 +112,17 @@ struct RawAgent {
     dry_run: Option<bool>,
     #[serde(default)]
     max_runtime_s: Option<u64>,
+    /// Claim commands call models through the metered gateway (as a workflow's
+    /// `[gateway]`).
+    #[serde(default)]
+    gateway: Option<RawAgentGateway>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgentGateway {
+    providers: Vec<crate::gateway::meter::Provider>,
+    models: Vec<String>,
 }
 
 /// A validated agent.
@@ -335,6 +346,8 @@ pub fn load(
             raw.dry_run.unwrap_or(true),
             raw.max_runtime_s,
             hex::encode(hash.finalize()),
+            raw.gateway
+                .map(|g| super::gateway::GatewayUse::new(g.providers, g.models)),
         ));
         agents.push(agent);
     }
@@ -374,6 +387,7 @@ fn workflow_for(
     dry_run: bool,
     max_runtime_s: Option<u64>,
     config_hash: String,
+    gateway: Option<super::gateway::GatewayUse>,
 ) -> Workflow {
     let exe = std::env::current_exe()
         .map(|p| p.to_string_lossy().into_owned())
@@ -433,5 +447,6 @@ fn workflow_for(
             enabled: false,
             ..Default::default()
         },
+        gateway,
     }
 }

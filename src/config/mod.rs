@@ -8,6 +8,7 @@ pub mod agency;
 pub mod agent;
 pub mod dashboard;
 pub mod file;
+pub mod gateway;
 pub mod notify;
 pub mod parse;
 pub mod sandbox;
@@ -194,6 +195,19 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
                     ));
                 }
                 errors.extend(notify_errors(&settings_file, &text.0, &s));
+                for (key, problem) in s.gateway.problems() {
+                    let at = match key.as_str() {
+                        "listen" => "gateway.listen".to_string(),
+                        "base_url" => "base_url".to_string(),
+                        model => format!("gateway.pricing.{model}"),
+                    };
+                    errors.push(ConfigError::at_key(
+                        &settings_file,
+                        &text.0,
+                        &at,
+                        format!("gateway.{key}: {problem}"),
+                    ));
+                }
                 config.settings = s
             }
             Err(e) => errors.push(e),
@@ -287,6 +301,20 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
     let default = config.settings.sandbox.clone().unwrap_or_default();
     for wf in config.workflows.values_mut() {
         wf.sandbox = Sandbox::layered(&default, &wf.sandbox_own, root);
+        if let Some(g) = &mut wf.gateway {
+            g.resolve(&config.settings.gateway);
+            // Fail closed: a call whose cost cannot be priced cannot be held to the cap.
+            let unpriced = g.unpriced();
+            if !unpriced.is_empty() {
+                errors.push(ConfigError::whole_file(
+                    &wf.file,
+                    format!(
+                        "gateway.models: no [gateway.pricing] in steward.toml for {}: without a price its cost cannot be held to max_cost_usd (a free local model: input = 0, output = 0)",
+                        unpriced.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
     }
     config.agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
     config.sources = sources;

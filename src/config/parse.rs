@@ -141,6 +141,16 @@ struct RawWorkflow {
     breaker: Option<Spanned<RawBreaker>>,
     #[serde(default)]
     expect: Option<Spanned<RawExpect>>,
+    #[serde(default)]
+    gateway: Option<Spanned<RawGateway>>,
+}
+
+/// `[gateway]`: the providers and models a workflow's steps may call.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGateway {
+    providers: Vec<Spanned<String>>,
+    models: Spanned<Vec<String>>,
 }
 
 /// `[breaker]`: pause the workflow after this many failing runs in a row.
@@ -297,6 +307,7 @@ impl Validator<'_> {
             b.into_inner().after
         });
         let expect = raw.expect.and_then(|e| self.expect(e, trigger.as_ref()));
+        let gateway = raw.gateway.and_then(|g| self.gateway(g));
         Some(Workflow {
             id,
             description: raw.description.unwrap_or_default(),
@@ -320,7 +331,42 @@ impl Validator<'_> {
             agent: None,
             sandbox: super::sandbox::Sandbox::layered(&Default::default(), &sandbox_own, root),
             sandbox_own,
+            gateway,
         })
+    }
+
+    fn gateway(&mut self, raw: Spanned<RawGateway>) -> Option<super::gateway::GatewayUse> {
+        use crate::gateway::meter::Provider;
+        let span = raw.span();
+        let raw = raw.into_inner();
+        let mut providers = Vec::new();
+        for p in &raw.providers {
+            match p.get_ref().as_str() {
+                "openai" => providers.push(Provider::Openai),
+                "anthropic" => providers.push(Provider::Anthropic),
+                other => self.err(
+                    p.span(),
+                    format!("gateway.providers: `{other}` is not a provider the gateway speaks (expected \"openai\" or \"anthropic\")"),
+                ),
+            }
+        }
+        providers.dedup();
+        if raw.providers.is_empty() {
+            self.err(
+                span.clone(),
+                "gateway.providers: name at least one (\"openai\", \"anthropic\")",
+            );
+        }
+        let models_span = raw.models.span();
+        let models = raw.models.into_inner();
+        if models.is_empty() || models.iter().any(|m| m.trim().is_empty()) {
+            self.err(
+                models_span,
+                "gateway.models: list the model names its steps may call, e.g. [\"gpt-4o-mini\"]",
+            );
+            return None;
+        }
+        Some(super::gateway::GatewayUse::new(providers, models))
     }
 
     fn trigger(&mut self, raw: Option<Spanned<RawTrigger>>) -> Option<Trigger> {

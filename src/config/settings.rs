@@ -35,6 +35,10 @@ pub struct Settings {
     /// `[[notify]]`: where alerts go (see [`super::notify`]).
     #[serde(default)]
     pub notify: Vec<super::notify::NotifyChannel>,
+    /// The metered model gateway: upstreams, prices, listen address (see
+    /// [`super::gateway`]).
+    #[serde(default)]
+    pub gateway: super::gateway::GatewaySettings,
 }
 
 /// `[retention]` in steward.toml: run records beyond either limit are pruned, oldest

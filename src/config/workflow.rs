@@ -235,6 +235,8 @@ pub struct Workflow {
     pub sandbox_own: super::sandbox::SandboxSettings,
     /// What its maker and checker may touch: `sandbox_own` over steward.toml's default.
     pub sandbox: super::sandbox::Sandbox,
+    /// `[gateway]`: its maker and checker call models through the metered gateway.
+    pub gateway: Option<super::gateway::GatewayUse>,
 }
 
 impl Workflow {

@@ -92,6 +92,16 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
             .run(&k.run_id),
         );
     }
+    let stop_gateway = CancellationToken::new();
+    let gateway_listen = config.settings.gateway.listen_addr();
+    let gateway = crate::gateway::Gateway::start(&gateway_listen, stop_gateway.clone())
+        .await
+        .with_context(|| format!("cannot listen for the model gateway on {gateway_listen}"))?;
+    tracing::info!(
+        "model gateway: http://{} (for workflows with [gateway])",
+        gateway.addr
+    );
+    engine.gateway = Some(gateway);
     let listener = crate::control_socket::bind(&state_dir)?;
     // A previous daemon's webhook address is not this one's.
     let _ = std::fs::remove_file(state_dir.join("webhook.addr"));
@@ -248,6 +258,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     if let Some(task) = dashboard_task {
         let _ = task.await;
     }
+    stop_gateway.cancel();
     triggers.shutdown_scheduler().await;
     shared
         .engine

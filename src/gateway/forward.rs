@@ -6,11 +6,16 @@
 //! while [`super::meter`] reads what it spent. Each call ends in one [`Call`] to the
 //! grant's sink.
 //!
+//! Before forwarding, the call's worst case is reserved out of the run's budget
+//! ([`super::reserve`]) and its output limit lowered to fit; a call the budget cannot
+//! cover is refused (429) and the sink told, which ends the run exhausted. A stream whose
+//! output passes its reservation is cut at the next event.
+//!
 //! Refusals use the provider's own error shape, so the SDKs raise their usual errors: an
 //! unknown or revoked key is 401, a model or provider outside the grant 403, an unknown
-//! path 404.
+//! path 404, a call over budget 429. Each carries `x-should-retry: false`, which both
+//! official SDKs honour, so none of them retries what will be refused again.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
@@ -23,8 +28,11 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::keys::{Call, Registry};
-use super::meter::{self, Provider, StreamMeter};
+use super::keys::{Call, Event, Grant, Registry};
+use super::meter::{self, Price, Provider, StreamMeter};
+use super::reserve;
+use crate::budget::Left;
+use crate::control::Resource;
 
 /// The largest request body the gateway reads (prompts with images can be large).
 pub const MAX_REQUEST: usize = 32 << 20;
@@ -32,34 +40,11 @@ pub const MAX_REQUEST: usize = 32 << 20;
 /// The largest whole (not streamed) response the meter keeps a copy of to read its usage.
 const MAX_METERED_BODY: usize = 32 << 20;
 
-/// A real provider: where it is and its key (from the daemon's environment).
-#[derive(Clone)]
-pub struct Upstream {
-    /// e.g. `https://api.openai.com/v1` or `https://api.anthropic.com`
-    pub base_url: String,
-    pub key: String,
-}
-
-/// The providers the gateway can reach.
-#[derive(Clone, Default)]
-pub struct Upstreams {
-    pub openai: Option<Upstream>,
-    pub anthropic: Option<Upstream>,
-}
-
-impl Upstreams {
-    fn of(&self, provider: Provider) -> Option<&Upstream> {
-        match provider {
-            Provider::Openai => self.openai.as_ref(),
-            Provider::Anthropic => self.anthropic.as_ref(),
-        }
-    }
-}
+pub use super::keys::Upstream;
 
 #[derive(Clone)]
 struct Gateway {
     registry: Registry,
-    upstreams: Arc<Upstreams>,
     client: reqwest::Client,
 }
 
@@ -67,12 +52,10 @@ struct Gateway {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     registry: Registry,
-    upstreams: Upstreams,
     cancel: CancellationToken,
 ) {
     let gateway = Gateway {
         registry,
-        upstreams: Arc::new(upstreams),
         client: reqwest::Client::new(),
     };
     let app = Router::new()
@@ -139,7 +122,13 @@ fn refuse(provider: Provider, status: StatusCode, message: &str) -> Response {
     };
     (
         status,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        [
+            (axum::http::header::CONTENT_TYPE, "application/json"),
+            (
+                axum::http::HeaderName::from_static("x-should-retry"),
+                "false",
+            ),
+        ],
         body.to_string(),
     )
         .into_response()
@@ -189,10 +178,13 @@ async fn call(
         return refuse(
             provider,
             StatusCode::FORBIDDEN,
-            &format!("model `{model}` is not among this workflow's [gateway] models"),
+            &format!(
+                "model `{model}` through {} is not among this workflow's [gateway] providers and models",
+                provider.name()
+            ),
         );
     }
-    let Some(upstream) = g.upstreams.of(provider) else {
+    let Some(upstream) = grant.upstream(provider).cloned() else {
         return refuse(
             provider,
             StatusCode::SERVICE_UNAVAILABLE,
@@ -203,6 +195,30 @@ async fn call(
     if provider == Provider::Openai && request["stream"] == true && endpoint == "chat/completions" {
         request["stream_options"]["include_usage"] = json!(true);
     }
+    let price = grant.pricing.get(&model).copied();
+    let reserved = match &grant.budget {
+        None => None,
+        Some(headroom) => {
+            let reserved = headroom.reserve(|free| {
+                reserve::within(
+                    provider,
+                    endpoint,
+                    &model,
+                    &mut request,
+                    bytes.len(),
+                    free,
+                    price.as_ref(),
+                )
+            });
+            match reserved {
+                Ok(r) => Some(r),
+                Err(refusal) => {
+                    (grant.sink)(Event::Refused(&refusal));
+                    return refuse(provider, StatusCode::TOO_MANY_REQUESTS, &refusal.why);
+                }
+            }
+        }
+    };
     let url = format!("{}/{}", upstream.base_url.trim_end_matches('/'), endpoint);
     let mut forward = g
         .client
@@ -224,10 +240,33 @@ async fn call(
         }
     }
     let started = Instant::now();
+    let mut reading = Reading {
+        meter: None,
+        whole: Vec::new(),
+        call: Some(Call {
+            provider,
+            model,
+            endpoint: endpoint.to_string(),
+            metered: Default::default(),
+            status: 0,
+            latency_ms: 0,
+            reserved: reserved.map(|(r, _)| r),
+            charges: Vec::new(),
+            cost_usd: None,
+            cut: false,
+            bodies: None,
+        }),
+        held: reserved.map(|(_, held)| held),
+        price,
+        request: grant.log_bodies.then_some(request),
+        grant,
+        started,
+    };
     let answer = match forward.send().await {
         Ok(a) => a,
         Err(e) => {
-            tracing::warn!(workflow = %grant.workflow, run = %grant.run_id, "gateway: the provider did not answer: {e}");
+            tracing::warn!(workflow = %reading.grant.workflow, run = %reading.grant.run_id, "gateway: the provider did not answer: {e}");
+            reading.status(502);
             return refuse(
                 provider,
                 StatusCode::BAD_GATEWAY,
@@ -236,36 +275,31 @@ async fn call(
         }
     };
     let status = answer.status();
+    reading.status(status.as_u16());
     let content_type = answer
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json")
         .to_string();
-    let streamed = content_type.starts_with("text/event-stream");
-    let sink = grant.sink.clone();
+    if content_type.starts_with("text/event-stream") {
+        reading.meter = Some(StreamMeter::new(provider));
+    }
     // The answer passes through as it arrives; the meter reads along, and its reading
-    // goes to the sink once the answer has ended (or was dropped by the client).
-    let mut reading = Reading {
-        meter: streamed.then(|| StreamMeter::new(provider)),
-        whole: Vec::new(),
-        call: Some(Call {
-            provider,
-            model,
-            metered: Default::default(),
-            status: status.as_u16(),
-            latency_ms: 0,
-        }),
-        sink,
-        started,
-    };
-    let stream = answer.bytes_stream().map(move |chunk| {
-        if let Ok(bytes) = &chunk {
-            reading.read(bytes);
-        } else {
-            reading.done();
-        }
-        chunk.map_err(std::io::Error::other)
+    // goes to the sink once the answer has ended (or was cut, or dropped by the client).
+    let stream = answer.bytes_stream().scan(reading, |reading, chunk| {
+        let next = match chunk {
+            Ok(bytes) if reading.read(&bytes) => Some(Ok(bytes)),
+            Ok(_) => {
+                reading.cut();
+                None
+            }
+            Err(e) => {
+                reading.done();
+                Some(Err(std::io::Error::other(e)))
+            }
+        };
+        futures_util::future::ready(next)
     });
     let mut response = Response::new(Body::from_stream(stream));
     *response.status_mut() =
@@ -278,27 +312,56 @@ async fn call(
     response
 }
 
-/// The meter's side of one answer in flight; tells its sink once, when the answer ends
-/// or is dropped.
+/// The meter's side of one answer in flight; settles the call once — charges it, frees
+/// its reservation, tells the sink — when the answer ends, is cut, or is dropped.
 struct Reading {
     meter: Option<StreamMeter>,
+    /// A whole answer, kept to read its usage (and, under `log_bodies`, a stream's text).
     whole: Vec<u8>,
     call: Option<Call>,
-    sink: super::keys::Sink,
+    /// What the reservation holds of the headroom.
+    held: Option<Left>,
+    price: Option<Price>,
+    /// The request as forwarded, under `log_bodies`.
+    request: Option<Value>,
+    grant: Grant,
     started: Instant,
 }
 
+/// What `log_bodies` keeps of an answer at most.
+const MAX_LOGGED_ANSWER: usize = 1 << 20;
+
 impl Reading {
-    fn read(&mut self, bytes: &Bytes) {
-        match &mut self.meter {
-            Some(m) => {
-                m.feed(bytes);
-            }
-            None if self.whole.len() + bytes.len() <= MAX_METERED_BODY => {
-                self.whole.extend_from_slice(bytes)
-            }
-            None => {}
+    fn status(&mut self, status: u16) {
+        if let Some(call) = &mut self.call {
+            call.status = status;
         }
+    }
+
+    /// Reads a piece of the answer; false when the stream has gone past its reservation
+    /// and must be cut here.
+    fn read(&mut self, bytes: &Bytes) -> bool {
+        let keep = match &self.meter {
+            Some(_) if self.request.is_some() => MAX_LOGGED_ANSWER,
+            Some(_) => 0,
+            None => MAX_METERED_BODY,
+        };
+        if self.whole.len() + bytes.len() <= keep {
+            self.whole.extend_from_slice(bytes);
+        }
+        let (Some(meter), Some(call)) = (&mut self.meter, &self.call) else {
+            return true;
+        };
+        meter.feed(bytes);
+        call.reserved
+            .is_none_or(|r| meter.output_so_far() <= r.output)
+    }
+
+    fn cut(&mut self) {
+        if let Some(call) = &mut self.call {
+            call.cut = true;
+        }
+        self.done();
     }
 
     fn done(&mut self) {
@@ -311,8 +374,34 @@ impl Reading {
                 .map(|v| meter::from_response(call.provider, &v))
                 .unwrap_or_default(),
         };
+        // A cut stream's usage so far is not what the provider bills: charge all it
+        // could have spent.
+        if call.cut {
+            call.metered.usage = None;
+        }
         call.latency_ms = self.started.elapsed().as_millis() as u64;
-        (self.sink)(&call);
+        call.charges = reserve::charges(&call.metered, call.reserved, self.price.as_ref());
+        call.cost_usd = call
+            .charges
+            .iter()
+            .find(|(r, _)| *r == Resource::CostUsd)
+            .map(|(_, c)| *c);
+        if let Some(request) = self.request.take() {
+            let answer = String::from_utf8_lossy(&self.whole).into_owned();
+            call.bodies = Some((request, answer));
+        }
+        if let (Some(headroom), Some(held)) = (&self.grant.budget, self.held) {
+            let spent = Left {
+                tokens: call
+                    .charges
+                    .iter()
+                    .find(|(r, _)| *r == Resource::Tokens)
+                    .map_or(0, |(_, t)| *t as u64),
+                cost_usd: call.cost_usd.unwrap_or(0.0),
+            };
+            headroom.settle(held, spent);
+        }
+        (self.grant.sink)(Event::Call(&call));
     }
 }
 

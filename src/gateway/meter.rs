@@ -30,6 +30,15 @@ pub enum Provider {
     Anthropic,
 }
 
+impl Provider {
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Openai => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+}
+
 /// Tokens of one call. `input` counts the uncached input only; `cached_input` what the
 /// provider served from its prompt cache (priced apart); `output` what it generated.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +184,8 @@ pub struct StreamMeter {
     anthropic: Option<Usage>,
     /// Lines dropped for being longer than [`MAX_EVENT_LINE`].
     pub oversized: u64,
+    /// Events that carried generated output (a text or tool-call piece).
+    pieces: u64,
 }
 
 /// The longest event line read; a longer one is skipped (and counted).
@@ -188,7 +199,16 @@ impl StreamMeter {
             metered: Metered::default(),
             anthropic: None,
             oversized: 0,
+            pieces: 0,
         }
+    }
+
+    /// The output generated so far, at least: the usage's figure when the stream has
+    /// told it, else one token per piece of output streamed (providers stream a token or
+    /// more a piece). What the gateway holds a stream to, to cut it at the cap.
+    pub fn output_so_far(&self) -> u64 {
+        let told = self.metered.usage.map_or(0, |u| u.output);
+        told.max(self.pieces)
     }
 
     /// Reads what passed; returns what the stream has spent so far (to charge it live).
@@ -242,8 +262,18 @@ impl StreamMeter {
     }
 
     fn openai_event(&mut self, e: &Value) {
+        // Responses: `response.output_text.delta`, `….function_call_arguments.delta`, …
+        if e["type"].as_str().is_some_and(|t| t.ends_with(".delta")) {
+            self.pieces += 1;
+        }
         // Chat: a tool call's first piece carries its id; later pieces only arguments.
         for choice in e["choices"].as_array().into_iter().flatten() {
+            let delta = &choice["delta"];
+            if delta["content"].as_str().is_some_and(|c| !c.is_empty())
+                || delta["tool_calls"].is_array()
+            {
+                self.pieces += 1;
+            }
             for call in choice["delta"]["tool_calls"]
                 .as_array()
                 .into_iter()
@@ -271,6 +301,10 @@ impl StreamMeter {
         let usage = match e["type"].as_str() {
             Some("message_start") => &e["message"]["usage"],
             Some("message_delta") => &e["usage"],
+            Some("content_block_delta") => {
+                self.pieces += 1;
+                return;
+            }
             Some("content_block_start") => {
                 if e["content_block"]["type"] == "tool_use" {
                     self.metered.tool_calls += 1;

@@ -1,19 +1,49 @@
-//! The metered model gateway (issue 26, in progress): steward between each run and its
-//! model provider, counting what is really spent rather than what the maker reports.
+//! The metered model gateway: steward between each run and its model provider, counting
+//! what is really spent rather than what the maker reports.
 //!
-//! Landed so far: [`meter`] reads the spend out of provider responses (whole JSON and
-//! server-sent event streams, OpenAI's and Anthropic's shapes) and prices it; [`keys`]
-//! issues the per-run keys a step shows instead of the real one; [`forward`] serves the
-//! provider APIs on loopback, checks key and model, forwards with the real key and meters
-//! each call as it passes; [`reserve`] reserves a call's worst case, lowers its output
-//! limit to what the budget leaves, and says what a finished call charges. The meter and
-//! the listener are tested with the official SDKs against a provider stand-in.
-//!
-//! Still to come: the daemon starting it for workflows that opt in with `[gateway]`,
-//! feeding each step's budget (`StepRequest::metered`) through [`reserve`], and cutting
-//! a stream at the cap.
+//! A workflow opts in with `[gateway]` (see [`crate::config::gateway`]). Its maker and
+//! checker then get `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL` pointing here and a per-run
+//! key ([`keys`]) that works only while that step runs. The listener ([`forward`]) serves
+//! the provider APIs unchanged on loopback: it checks key and model, reserves the call's
+//! worst case out of the run's budget and lowers its output limit to fit ([`reserve`]),
+//! forwards with the real key, and passes the answer back as it arrives while [`meter`]
+//! reads what it spent. Each call is charged to the run's budget as it ends.
 
 pub mod forward;
 pub mod keys;
 pub mod meter;
 pub mod reserve;
+
+use std::net::SocketAddr;
+
+use tokio_util::sync::CancellationToken;
+
+pub use keys::{Call, Event, Grant, Issued, Registry, Upstream};
+pub use meter::Provider;
+
+/// A running gateway: where it listens, and the keys it honours.
+#[derive(Clone)]
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub registry: Registry,
+}
+
+impl Gateway {
+    /// Binds `listen` (a loopback address) and serves until `cancel`.
+    pub async fn start(listen: &str, cancel: CancellationToken) -> std::io::Result<Gateway> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let registry = Registry::default();
+        tokio::spawn(forward::serve(listener, registry.clone(), cancel));
+        Ok(Gateway { addr, registry })
+    }
+
+    /// What a step sets `OPENAI_BASE_URL` or `ANTHROPIC_BASE_URL` to, as each provider's
+    /// SDK expects it.
+    pub fn base_url(&self, provider: Provider) -> String {
+        match provider {
+            Provider::Openai => format!("http://{}/openai/v1", self.addr),
+            Provider::Anthropic => format!("http://{}/anthropic", self.addr),
+        }
+    }
+}

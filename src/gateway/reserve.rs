@@ -12,8 +12,8 @@
 
 use serde_json::Value;
 
-use super::keys::Call;
-use super::meter::{Price, Provider};
+use super::meter::{Metered, Price, Provider};
+use crate::budget::{Cap, Left};
 use crate::control::Resource;
 
 /// What a call may spend at most, in tokens.
@@ -76,20 +76,91 @@ pub fn prepare(
     Ok(Reservation { input, output })
 }
 
+/// A call refused before it was forwarded, because the budget could not cover it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub provider: Provider,
+    pub model: String,
+    /// The cap that could not cover it, and what of that cap the call asked at least.
+    pub cap: Cap,
+    pub asked: f64,
+    pub why: String,
+}
+
+/// The dearest rate of `price`, USD per token: what a token of unknown kind may cost.
+fn dearest(price: &Price) -> f64 {
+    price
+        .input
+        .max(price.output)
+        .max(price.cached_input.unwrap_or(0.0))
+        / 1e6
+}
+
+/// Reserves `request`'s worst case out of what the budget has `free`: its tokens, and —
+/// at the model's dearest rate — its cost. Returns the reservation and what it takes of
+/// the headroom, or the refusal when even the input may not fit.
+pub fn within(
+    provider: Provider,
+    endpoint: &str,
+    model: &str,
+    request: &mut Value,
+    request_bytes: usize,
+    free: Left,
+    price: Option<&Price>,
+) -> Result<(Reservation, Left), Refusal> {
+    let per_token = price.map(dearest).filter(|r| *r > 0.0);
+    let by_cost = per_token.map_or(u64::MAX, |r| (free.cost_usd / r).floor() as u64);
+    let tokens_left = free.tokens.min(by_cost);
+    match prepare(provider, endpoint, request, request_bytes, tokens_left) {
+        Ok(r) => Ok((
+            r,
+            Left {
+                tokens: r.tokens(),
+                cost_usd: per_token.map_or(0.0, |rate| r.tokens() as f64 * rate),
+            },
+        )),
+        Err(why) => {
+            let input = (request_bytes as u64).div_ceil(2);
+            let (cap, asked, why) = if by_cost < free.tokens {
+                let cost = input as f64 * per_token.unwrap_or(0.0);
+                (
+                    Cap::CostUsd,
+                    cost,
+                    format!(
+                        "the run's cost budget has ${:.6} left, and this request's input alone may cost ${cost:.6}",
+                        free.cost_usd
+                    ),
+                )
+            } else {
+                (Cap::Tokens, input as f64, why)
+            };
+            Err(Refusal {
+                provider,
+                model: model.to_string(),
+                cap,
+                asked,
+                why,
+            })
+        }
+    }
+}
+
 /// What a finished call charges the run: its tokens (or, when it reported no usage, its
 /// whole reservation), its tool calls, and its cost at `price` (the reservation priced
 /// as output, the dearer side, when there was no usage).
-pub fn charges(call: &Call, reserved: Reservation, price: Option<&Price>) -> Vec<(Resource, f64)> {
-    let (tokens, cost) = match call.metered.usage {
-        Some(u) => (u.total(), price.map(|p| p.cost(&u))),
-        None => (
-            reserved.tokens(),
-            price.map(|p| reserved.tokens() as f64 * p.input.max(p.output) / 1e6),
-        ),
+pub fn charges(
+    metered: &Metered,
+    reserved: Option<Reservation>,
+    price: Option<&Price>,
+) -> Vec<(Resource, f64)> {
+    let (tokens, cost) = match (metered.usage, reserved) {
+        (Some(u), _) => (u.total(), price.map(|p| p.cost(&u))),
+        (None, Some(r)) => (r.tokens(), price.map(|p| r.tokens() as f64 * dearest(p))),
+        (None, None) => (0, None),
     };
     let mut out = vec![(Resource::Tokens, tokens as f64)];
-    if call.metered.tool_calls > 0 {
-        out.push((Resource::ToolCalls, call.metered.tool_calls as f64));
+    if metered.tool_calls > 0 {
+        out.push((Resource::ToolCalls, metered.tool_calls as f64));
     }
     if let Some(cost) = cost {
         out.push((Resource::CostUsd, cost));
@@ -100,7 +171,7 @@ pub fn charges(call: &Call, reserved: Reservation, price: Option<&Price>) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::meter::{Metered, Usage};
+    use crate::gateway::meter::Usage;
     use serde_json::json;
 
     #[test]
@@ -152,17 +223,11 @@ mod tests {
         assert!(e.contains("1000 left"), "{e}");
     }
 
-    fn call(usage: Option<Usage>, tool_calls: u64) -> Call {
-        Call {
-            provider: Provider::Openai,
-            model: "m".into(),
-            metered: Metered {
-                usage,
-                tool_calls,
-                model: None,
-            },
-            status: 200,
-            latency_ms: 1,
+    fn call(usage: Option<Usage>, tool_calls: u64) -> Metered {
+        Metered {
+            usage,
+            tool_calls,
+            model: None,
         }
     }
 
@@ -182,15 +247,79 @@ mod tests {
             cached_input: 1000,
             output: 300,
         };
-        let got = charges(&call(Some(used), 2), reserved, Some(&price));
+        let got = charges(&call(Some(used), 2), Some(reserved), Some(&price));
         assert_eq!(got[0], (Resource::Tokens, 1500.0));
         assert_eq!(got[1], (Resource::ToolCalls, 2.0));
         assert!((got[2].1 - (200.0 + 500.0 + 1200.0) / 1e6).abs() < 1e-12);
         // No usage reported: the reservation, priced at the dearer rate.
-        let got = charges(&call(None, 0), reserved, Some(&price));
+        let got = charges(&call(None, 0), Some(reserved), Some(&price));
         assert_eq!(got[0], (Resource::Tokens, 1000.0));
         assert!((got[1].1 - 1000.0 * 4.0 / 1e6).abs() < 1e-12);
         // No price: tokens and tool calls only.
-        assert_eq!(charges(&call(Some(used), 0), reserved, None).len(), 1);
+        assert_eq!(charges(&call(Some(used), 0), Some(reserved), None).len(), 1);
+    }
+
+    #[test]
+    fn the_cost_left_bounds_the_reservation_at_the_dearest_rate() {
+        let price = Price {
+            input: 1.0,
+            output: 4.0,
+            cached_input: None,
+        };
+        // $0.004 at $4/Mtok is 1000 tokens, fewer than the 5000 the token cap leaves.
+        let free = Left {
+            tokens: 5000,
+            cost_usd: 0.004,
+        };
+        let mut req = json!({"model": "m", "max_tokens": 4096});
+        let (r, take) = within(
+            Provider::Anthropic,
+            "messages",
+            "m",
+            &mut req,
+            200,
+            free,
+            Some(&price),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.input, r.output, req["max_tokens"].clone()),
+            (100, 900, json!(900))
+        );
+        assert!((take.cost_usd - 0.004).abs() < 1e-12, "{take:?}");
+        // Less than the input can cost: refused, on the cost cap.
+        let free = Left {
+            tokens: 5000,
+            cost_usd: 0.0003,
+        };
+        let refusal = within(
+            Provider::Anthropic,
+            "messages",
+            "m",
+            &mut req,
+            200,
+            free,
+            Some(&price),
+        )
+        .unwrap_err();
+        assert_eq!(refusal.cap, Cap::CostUsd);
+        assert!(refusal.why.contains("cost budget"), "{}", refusal.why);
+        // A free model is held by its tokens only.
+        let free_model = Price::default();
+        let free = Left {
+            tokens: 50,
+            cost_usd: 0.0,
+        };
+        let refusal = within(
+            Provider::Anthropic,
+            "messages",
+            "m",
+            &mut req,
+            200,
+            free,
+            Some(&free_model),
+        )
+        .unwrap_err();
+        assert_eq!(refusal.cap, Cap::Tokens);
     }
 }

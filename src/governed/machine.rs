@@ -96,6 +96,8 @@ fn new_record(wf: &Workflow, fire: &Fire, dry_run: bool, state: RunState) -> Run
         retry_of: fire.retry_of.clone(),
         summary: None,
         dry_run_reason: None,
+        model_spend: None,
+        misreported: None,
         sandbox: None,
     }
 }

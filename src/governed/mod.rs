@@ -17,6 +17,7 @@
 //! breaker, the spend window, and the alerts a run's end calls for).
 
 mod env;
+mod gateway;
 mod machine;
 pub mod operator;
 pub mod outcome;
@@ -102,6 +103,9 @@ pub struct Engine {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Where alerts go (the daemon's dispatcher; sends nothing by default).
     pub alerts: crate::alert::Alerts,
+    /// The model gateway that steps of workflows with `[gateway]` call (none: such steps
+    /// fail to start, saying so).
+    pub gateway: Option<crate::gateway::Gateway>,
 }
 
 impl Engine {
@@ -152,6 +156,7 @@ pub fn open(
             state_dir: state_dir.to_path_buf(),
             metrics: Default::default(),
             alerts: Default::default(),
+            gateway: None,
         },
         recovery,
     ))

@@ -3,6 +3,7 @@
 //! written to the runlog, and one line for how it ended.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -35,21 +36,31 @@ impl Engine {
         let scratch = scratch_dir(&self.state_dir, &rec.run_id);
         // The folder (and its tmp/) exists before any step of the run starts.
         std::fs::create_dir_all(scratch.join("tmp"))?;
+        let spend = Arc::new(Mutex::new(rec.model_spend.clone().unwrap_or_default()));
+        let mut gateway = None;
+        if kind != StepKind::Commit && wf.gateway.is_some() {
+            let opened = match guard.as_deref() {
+                Some(g) => self.open_gateway(wf, rec, kind, g, &env.redactor, spend.clone()),
+                None => Err("the step has no budget to meter its model calls against".into()),
+            };
+            match opened {
+                Ok(g) => gateway = Some(g),
+                Err(why) => return self.not_started(rec, kind, why, env),
+            }
+        }
         let confinement = if kind != StepKind::Commit && wf.sandbox.enabled {
-            let policy = wf.sandbox.policy(&scratch, argv.first().map(Path::new));
+            let mut policy = wf.sandbox.policy(&scratch, argv.first().map(Path::new));
+            if let Some(g) = &gateway {
+                policy.net = policy.net.with_port(g.port);
+            }
             match crate::sandbox::confine(&policy, wf.sandbox.require) {
                 Ok(c) => {
-                    rec.sandbox = Some(sandbox_line(&c.state, &wf.sandbox.net));
+                    rec.sandbox = Some(sandbox_line(&c.state, &policy.net));
                     Some(c)
                 }
                 Err(e) => {
                     rec.sandbox = Some(e.to_string());
-                    let mut out = StepOutcome::new(Ending::SpawnFailed(e.to_string()));
-                    out.duration = Duration::ZERO;
-                    let mut entry = self.entry(rec, kind.name(), "error");
-                    entry.detail = e.to_string();
-                    self.runlog.record(&entry, &env.redactor)?;
-                    return Ok(out);
+                    return self.not_started(rec, kind, e.to_string(), env);
                 }
             }
         } else {
@@ -57,6 +68,14 @@ impl Engine {
                 rec.sandbox = Some("off".into());
             }
             None
+        };
+        let with_gateway;
+        let vars = match &mut gateway {
+            Some(g) => {
+                with_gateway = crate::step::with_vars(vars, std::mem::take(&mut g.vars));
+                &with_gateway[..]
+            }
+            None => vars,
         };
         let req = StepRequest {
             kind,
@@ -78,12 +97,16 @@ impl Engine {
             } else {
                 wf.limits
             },
-            metered: None,
+            metered: gateway.as_mut().and_then(|g| g.metered.take()),
         };
         let figures_before = guard.is_some();
         let mut guard = guard;
         let mut out = run_step(req, guard.as_deref_mut()).await;
         scrub(&mut out, &env.redactor);
+        if gateway.is_some() {
+            rec.model_spend = Some(spend.lock().unwrap_or_else(|p| p.into_inner()).clone());
+        }
+        self.note_misreported(rec, guard.as_deref(), env)?;
 
         for line in &out.malformed {
             let mut e = self.entry(rec, kind.name(), "control-ignored");
@@ -147,6 +170,42 @@ impl Engine {
         }
         self.runlog.record(&e, &env.redactor)?;
         Ok(out)
+    }
+
+    /// A step that could not start (its sandbox or its gateway could not be had): one
+    /// runlog line, and the outcome of a spawn that failed.
+    fn not_started(
+        &self,
+        rec: &RunRecord,
+        kind: StepKind,
+        why: String,
+        env: &StepEnv,
+    ) -> Result<StepOutcome> {
+        let mut entry = self.entry(rec, kind.name(), "error");
+        entry.detail = why.clone();
+        self.runlog.record(&entry, &env.redactor)?;
+        let mut out = StepOutcome::new(Ending::SpawnFailed(why));
+        out.duration = Duration::ZERO;
+        Ok(out)
+    }
+
+    /// Records, once per change, that the maker's fd-3 reports fell short of the meter.
+    fn note_misreported(
+        &self,
+        rec: &mut RunRecord,
+        guard: Option<&BudgetGuard>,
+        env: &StepEnv,
+    ) -> Result<()> {
+        let Some(note) = guard.and_then(BudgetGuard::misreported) else {
+            return Ok(());
+        };
+        if rec.misreported.as_ref() != Some(&note) {
+            let mut e = self.entry(rec, "budget", "misreported");
+            e.detail = format!("the maker's fd-3 reports fell short of the gateway's meter: {note}; the budget counted the meter");
+            self.runlog.record(&e, &env.redactor)?;
+            rec.misreported = Some(note);
+        }
+        Ok(())
     }
 }
 

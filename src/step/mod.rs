@@ -47,7 +47,7 @@ const PASSTHROUGH: &[&str] = &[
 
 /// The environment every child starts from: the [`PASSTHROUGH`] names steward has, a
 /// default `PATH` if it has none, and — for a helper started inside a step — the step's
-/// own `STEWARD_*` variables.
+/// own `STEWARD_*` variables and its model gateway's.
 pub fn base_env() -> Vec<(String, String)> {
     let mut vars: Vec<(String, String)> = PASSTHROUGH
         .iter()
@@ -62,10 +62,24 @@ pub fn base_env() -> Vec<(String, String)> {
                 || matches!(
                     k.as_str(),
                     "STEWARD_RUN_ID" | "STEWARD_WORKFLOW" | "STEWARD_DRY_RUN" | "STEWARD_ATTEMPT"
+                    // The model gateway's, so a helper (a digest agent's claim command)
+                    // calls models through it as its step does.
+                    | "OPENAI_BASE_URL" | "OPENAI_API_KEY" | "ANTHROPIC_BASE_URL" | "ANTHROPIC_API_KEY"
                 )
         }));
     }
     vars
+}
+
+/// `vars` with `extra` set over them (a name in both takes `extra`'s value).
+pub fn with_vars(vars: &[(String, String)], extra: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = vars
+        .iter()
+        .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+        .cloned()
+        .collect();
+    out.extend(extra);
+    out
 }
 
 /// Which of the three steps a process is.
@@ -109,8 +123,26 @@ pub struct StepRequest<'a> {
     pub metered: Option<Metered>,
 }
 
-/// Metered charges for one step: (resource, amount), as [`Message::Charge`] has them.
-pub type Metered = mpsc::UnboundedReceiver<(control::Resource, f64)>;
+/// What a meter steward runs itself tells the step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Metering {
+    /// Spent: (resource, amount), as [`Message::Charge`] has them.
+    Charge(control::Resource, f64),
+    /// A spend the budget could not cover was refused before it happened: the run is
+    /// exhausted all the same.
+    Refused(crate::budget::Cap, f64),
+}
+
+/// The metered side of one step: the charges as they come, and the headroom the step
+/// publishes back after each charge (so the meter can refuse what will not fit).
+pub struct Metered {
+    pub charges: mpsc::UnboundedReceiver<Metering>,
+    pub headroom: crate::budget::Headroom,
+    /// Held while the step's process runs and dropped as it ends (the gateway's key,
+    /// revoked then); the step then waits, briefly, for the charges of calls still
+    /// settling, until the feed closes.
+    pub lease: Option<Box<dyn std::any::Any + Send>>,
+}
 
 /// Why the supervisor stopped watching.
 #[derive(Debug, Clone, PartialEq)]
@@ -290,6 +322,9 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
     let far = started + Duration::from_secs(365 * 24 * 3600);
 
     let ending = loop {
+        if let (Some(m), Some(g)) = (&metered, &guard) {
+            m.headroom.publish(g.left());
+        }
         let stall_at = req.stall_timeout.map(|s| last_progress + s);
         tokio::select! {
             status = child.wait() => {
@@ -297,9 +332,9 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
                 break Ending::Exited;
             }
             charge = recv_metered(&mut metered), if metered.is_some() => match charge {
-                Some((resource, amount)) => {
+                Some(m) => {
                     last_progress = Instant::now();
-                    if let Some(breach) = guard.as_mut().and_then(|g| g.meter(resource, amount)) {
+                    if let Some(breach) = guard.as_mut().and_then(|g| metering(g, m)) {
                         break Ending::Breach(breach);
                     }
                 }
@@ -372,9 +407,16 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
             _ => ctl_open = false,
         }
     }
-    // So do metered charges that arrived as the step ended.
-    while let Some(Ok((resource, amount))) = metered.as_mut().map(|m| m.try_recv()) {
-        if let Some(breach) = guard.as_mut().and_then(|g| g.meter(resource, amount)) {
+    // So do metered charges of calls that ended with the step: its lease is given up
+    // (no new call is accepted), and the feed read until the last call has settled.
+    if let Some(m) = &mut metered {
+        m.lease = None;
+    }
+    while let Some(m) = metered.as_mut() {
+        let Ok(Some(charge)) = tokio::time::timeout_at(drain_until, m.charges.recv()).await else {
+            break;
+        };
+        if let Some(breach) = guard.as_mut().and_then(|g| metering(g, charge)) {
             if out.ending == Ending::Exited {
                 out.ending = Ending::Breach(breach);
             }
@@ -432,10 +474,19 @@ async fn stop_group(child: &mut StepProcess, pgid: Option<Pid>, grace: Duration)
 }
 
 /// The next metered charge; pending forever when there is no feed (its arm is off then).
-async fn recv_metered(metered: &mut Option<Metered>) -> Option<(control::Resource, f64)> {
+async fn recv_metered(metered: &mut Option<Metered>) -> Option<Metering> {
     match metered {
-        Some(m) => m.recv().await,
+        Some(m) => m.charges.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+/// Counts one metering in the guard; a breach if it took the budget over a cap (a
+/// refused spend always does).
+fn metering(guard: &mut BudgetGuard, m: Metering) -> Option<Breach> {
+    match m {
+        Metering::Charge(resource, amount) => guard.meter(resource, amount),
+        Metering::Refused(cap, asked) => Some(guard.refused(cap, asked)),
     }
 }
 
@@ -533,9 +584,13 @@ mod tests {
             kill_grace: Duration::from_secs(1),
         });
         // Two model calls, as the gateway meters them: the second takes it over 1000.
-        feed.send((Resource::Tokens, 600.0)).unwrap();
-        feed.send((Resource::ToolCalls, 1.0)).unwrap();
-        feed.send((Resource::Tokens, 600.0)).unwrap();
+        feed.send(Metering::Charge(Resource::Tokens, 600.0))
+            .unwrap();
+        feed.send(Metering::Charge(Resource::ToolCalls, 1.0))
+            .unwrap();
+        feed.send(Metering::Charge(Resource::Tokens, 600.0))
+            .unwrap();
+        let headroom = crate::budget::Headroom::new(guard.left());
         let started = Instant::now();
         let out = run_step(
             StepRequest {
@@ -550,7 +605,11 @@ mod tests {
                 cancel: CancellationToken::new(),
                 sandbox: None,
                 limits: Default::default(),
-                metered: Some(metered),
+                metered: Some(Metered {
+                    charges: metered,
+                    headroom: headroom.clone(),
+                    lease: Some(Box::new(feed)),
+                }),
             },
             Some(&mut guard),
         )
@@ -572,5 +631,54 @@ mod tests {
             guard.misreported().as_deref(),
             Some("reported tokens 0 of 1200 metered, tool_calls 0 of 1 metered")
         );
+        // What the step published back: 400 left after the first call.
+        let (free, _) = headroom.reserve(|free| Ok::<_, ()>((free, free))).unwrap();
+        assert_eq!(free.tokens, 400);
+    }
+
+    #[tokio::test]
+    async fn a_spend_refused_before_it_happened_ends_the_step_exhausted() {
+        let dir = tempfile::tempdir().unwrap();
+        let argv: Vec<String> = ["sleep", "30"].iter().map(|a| a.to_string()).collect();
+        let env = vec![("PATH".to_string(), "/usr/bin:/bin".to_string())];
+        let (feed, charges) = mpsc::unbounded_channel();
+        let mut guard = BudgetGuard::new(crate::budget::Caps {
+            max_tokens: 1000,
+            max_tool_calls: 5,
+            max_runtime: Duration::from_secs(60),
+            max_cost_usd: 1.0,
+            stall_timeout: None,
+            kill_grace: Duration::from_secs(1),
+        });
+        feed.send(Metering::Charge(crate::control::Resource::CostUsd, 0.25))
+            .unwrap();
+        feed.send(Metering::Refused(crate::budget::Cap::CostUsd, 0.9))
+            .unwrap();
+        let out = run_step(
+            StepRequest {
+                kind: StepKind::Run,
+                argv: &argv,
+                cwd: dir.path(),
+                env: &env,
+                stdin: Vec::new(),
+                timeout: None,
+                kill_grace: Duration::from_secs(1),
+                stall_timeout: None,
+                cancel: CancellationToken::new(),
+                sandbox: None,
+                limits: Default::default(),
+                metered: Some(Metered {
+                    charges,
+                    headroom: crate::budget::Headroom::new(guard.left()),
+                    lease: Some(Box::new(feed)),
+                }),
+            },
+            Some(&mut guard),
+        )
+        .await;
+        match &out.ending {
+            Ending::Breach(b) => assert_eq!(b.to_string(), "cost_usd 1.15/1"),
+            other => panic!("not a breach: {other:?}"),
+        }
     }
 }

@@ -180,6 +180,36 @@ pub struct RunRecord {
     /// rules); …`, `off`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<String>,
+    /// What its steps spent on model calls through the gateway, as metered (all attempts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_spend: Option<ModelSpend>,
+    /// Where the maker's fd-3 reports fell short of the meter, e.g.
+    /// `reported tokens 0 of 1500 metered`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub misreported: Option<String>,
+}
+
+/// A run's model calls through the gateway, summed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpend {
+    pub calls: u64,
+    pub input_tokens: u64,
+    pub cached_input_tokens: u64,
+    pub output_tokens: u64,
+    pub tool_calls: u64,
+    pub cost_usd: f64,
+    /// Calls whose answer told no usage: each was charged its whole reservation.
+    #[serde(default)]
+    pub unreported: u64,
+    /// Streams cut at the cap.
+    #[serde(default)]
+    pub cut: u64,
+    /// Calls refused before they were forwarded: the budget could not cover them.
+    #[serde(default)]
+    pub refused: u64,
+    /// Tokens charged for calls that told no usage (their reservations).
+    #[serde(default)]
+    pub reserved_tokens: u64,
 }
 
 /// Where an idempotency key stands.

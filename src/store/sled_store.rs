@@ -748,6 +748,8 @@ mod tests {
             retry_of: None,
             summary: None,
             dry_run_reason: None,
+            model_spend: None,
+            misreported: None,
             sandbox: None,
         }
     }

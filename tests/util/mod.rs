@@ -677,7 +677,9 @@ pub fn python() -> PathBuf {
             let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("test-venv");
             let python = venv.join("bin/python");
             let ready = venv.join("ready");
-            if !ready.exists() {
+            // The marker holds the pins it was made with: a changed pin list remakes it.
+            if std::fs::read_to_string(&ready).ok().as_deref() != Some(PYTHON_REQUIREMENTS) {
+                let _ = std::fs::remove_dir_all(&venv);
                 let ok = Command::new("python3")
                     .args(["-m", "venv"])
                     .arg(&venv)
@@ -693,7 +695,7 @@ pub fn python() -> PathBuf {
                     "cannot make a venv with {PYTHON_REQUIREMENTS:?} in {}",
                     venv.display()
                 );
-                std::fs::write(&ready, "").unwrap();
+                std::fs::write(&ready, PYTHON_REQUIREMENTS).unwrap();
             }
             python
         })
