@@ -35,11 +35,20 @@ impl Drop for StandIn {
 
 /// The stand-in; with `keys_seen`, it notes the key of every request it gets there.
 fn stand_in(keys_seen: Option<&std::path::Path>) -> StandIn {
+    stand_in_logging(keys_seen, None)
+}
+
+/// [`stand_in`], noting each request's model and output limits in `log` (JSON lines).
+fn stand_in_logging(keys_seen: Option<&std::path::Path>, log: Option<&std::path::Path>) -> StandIn {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/provider_standin.py"
     );
-    let mut child = Command::new(util::python())
+    let mut cmd = Command::new(util::python());
+    if let Some(log) = log {
+        cmd.env("STANDIN_LOG", log);
+    }
+    let mut child = util::dies_with_test(&mut cmd)
         .arg(script)
         .args(keys_seen)
         .stdout(Stdio::piped())
@@ -379,4 +388,387 @@ impl JsonBody for reqwest::Response {
     async fn json_body(self) -> Value {
         serde_json::from_slice(&self.bytes().await.unwrap()).unwrap()
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Runs through a real daemon: the maker is `tests/fixtures/gateway_maker.py`, the official
+// SDKs unchanged, confined by the sandbox with no network but the gateway's port. It
+// reports nothing on fd 3.
+
+const UPSTREAM_OPENAI: &str = "sk-upstream-openai-4f9d2c7a1b";
+const UPSTREAM_ANTHROPIC: &str = "sk-ant-upstream-8e1c5b3f0d";
+
+/// Prices (USD per million tokens) the tests' steward.toml gives, as (input, output,
+/// cached input).
+const MINI: (f64, f64, f64) = (0.15, 0.60, 0.075);
+const SONNET: (f64, f64, f64) = (3.0, 15.0, 0.30);
+
+/// A config folder whose workflow `id` runs `gateway_maker.py MODE` through the gateway,
+/// and a daemon holding the real keys, in front of `standin`.
+fn gateway_env(
+    id: &str,
+    mode: &str,
+    budget: &str,
+    standin: &StandIn,
+    mini: (f64, f64, f64),
+) -> util::Env {
+    let env = util::Env::new();
+    let python = util::python();
+    let venv = python.parent().unwrap().parent().unwrap();
+    // The interpreter the venv links to lives where its Python was installed.
+    let base = Command::new(&python)
+        .args(["-c", "import sys; print(sys.base_prefix)"])
+        .output()
+        .unwrap();
+    let base = String::from_utf8_lossy(&base.stdout).trim().to_string();
+    let maker = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gateway_maker.py"
+    );
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    std::fs::write(
+        env.config.join("steward.toml"),
+        format!(
+            r#"[gateway.upstream.openai]
+base_url = "http://127.0.0.1:{port}/v1"
+key_env = "UPSTREAM_OPENAI"
+
+[gateway.upstream.anthropic]
+base_url = "http://127.0.0.1:{port}"
+key_env = "UPSTREAM_ANTHROPIC"
+
+[gateway.pricing."gpt-4o-mini"]
+input = {}
+output = {}
+cached_input = {}
+
+[gateway.pricing."claude-sonnet-4-5"]
+input = {}
+output = {}
+cached_input = {}
+
+[gateway.pricing."standin-runaway"]
+input = 1.0
+output = 1.0
+"#,
+            mini.0,
+            mini.1,
+            mini.2,
+            SONNET.0,
+            SONNET.1,
+            SONNET.2,
+            port = standin.port
+        ),
+    )
+    .unwrap();
+    let spec = util::Spec::new(id, &format!("exec {} {maker} {mode}\n", python.display()))
+        .budget(budget)
+        .tables(&format!(
+            r#"
+[gateway]
+providers = ["openai", "anthropic"]
+models = ["gpt-4o-mini", "claude-sonnet-4-5", "standin-runaway"]
+
+[sandbox]
+read = [{venv:?}, {base:?}, {fixtures:?}]
+write = [{dir:?}]
+"#,
+            venv = venv.display().to_string(),
+            dir = env.dir.path().display().to_string(),
+        ));
+    env.live_workflow(&spec);
+    env
+}
+
+fn start_daemon(env: &util::Env) -> util::Daemon {
+    env.daemon_env(
+        &[],
+        &[
+            ("UPSTREAM_OPENAI", UPSTREAM_OPENAI),
+            ("UPSTREAM_ANTHROPIC", UPSTREAM_ANTHROPIC),
+        ],
+    )
+}
+
+/// The model-call lines of a run's runlog.
+fn model_calls(env: &util::Env, run_id: &str) -> Vec<Value> {
+    env.runlog_for(run_id)
+        .into_iter()
+        .filter(|e| e["step"] == "model_call")
+        .collect()
+}
+
+/// Every file under `dir` that holds `needle`.
+fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    found.push(p);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Cost in USD of `usage` (uncached input, cached input, output) at `price`.
+fn cost(price: (f64, f64, f64), uncached: u64, cached: u64, output: u64) -> f64 {
+    (uncached as f64 * price.0 + output as f64 * price.1 + cached as f64 * price.2) / 1e6
+}
+
+#[test]
+fn a_maker_that_reports_nothing_is_charged_what_the_provider_reported_and_never_sees_the_real_key()
+{
+    let standin = stand_in(None);
+    let env = gateway_env(
+        "quiet",
+        "calls",
+        "max_tokens = 100000\nmax_tool_calls = 10\nmax_runtime_s = 60\nmax_cost_usd = 1.0\n",
+        &standin,
+        MINI,
+    );
+    let mut daemon = start_daemon(&env);
+    let run = env.run("quiet", true);
+    assert_eq!(run.state(), "success", "{run}\n{}", daemon.log_text());
+    let rec = run.json();
+    let output = &rec["output"];
+
+    // Confined with no network but the gateway's port (where the kernel has TCP rules).
+    let port = output["base"]
+        .as_str()
+        .unwrap()
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let confined = rec["sandbox"].as_str().unwrap_or_default();
+    assert!(
+        confined.ends_with(&format!("TCP to port {port} only"))
+            || confined.contains("no TCP rules"),
+        "{confined}"
+    );
+
+    // The SDKs got their answers intact through the gateway.
+    assert_eq!(output["chat_tokens"], PROMPT + OUTPUT, "{output}");
+    assert_eq!(output["message_output"], OUTPUT, "{output}");
+
+    // Charged exactly what the stand-in reported, though the maker said nothing on fd 3.
+    assert_eq!(rec["figures"]["tokens"], 2 * (PROMPT + OUTPUT), "{rec:#}");
+    assert_eq!(
+        rec["figures"]["tool_calls"], 2,
+        "one tool call in each answer: {rec:#}"
+    );
+    let want =
+        cost(MINI, PROMPT - CACHED, CACHED, OUTPUT) + cost(SONNET, PROMPT - CACHED, CACHED, OUTPUT);
+    let got = rec["figures"]["cost_usd"].as_f64().unwrap();
+    assert!(
+        (got - want).abs() < 1e-9,
+        "cost {got}, the price table says {want}"
+    );
+    let note = rec["misreported"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with(&format!(
+            "reported tokens 0 of {} metered, tool_calls 0 of 2 metered, cost_usd 0 of 0.",
+            2 * (PROMPT + OUTPUT)
+        )),
+        "{rec:#}"
+    );
+    let spend = &rec["model_spend"];
+    assert_eq!(
+        (
+            spend["calls"].clone(),
+            spend["cached_input_tokens"].clone(),
+            spend["output_tokens"].clone()
+        ),
+        (json!(2), json!(2 * CACHED), json!(2 * OUTPUT)),
+        "{spend}"
+    );
+
+    // One runlog line per call, without the prompt or the answer.
+    let calls = model_calls(&env, &run.run_id());
+    assert_eq!(calls.len(), 2, "{calls:#?}");
+    for c in &calls {
+        assert_eq!(c["status"], "ok", "{c}");
+        assert_eq!(
+            c["data"]["input_tokens"].as_u64().unwrap()
+                + c["data"]["cached_input_tokens"].as_u64().unwrap(),
+            PROMPT,
+            "{c}"
+        );
+        assert!(c["data"].get("request").is_none(), "a body was logged: {c}");
+        assert!(c["data"]["latency_ms"].is_u64(), "{c}");
+    }
+    assert_eq!(
+        calls
+            .iter()
+            .map(|c| c["data"]["model"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["gpt-4o-mini", "claude-sonnet-4-5"]
+    );
+    let show = env.steward(&["show", &run.run_id()]);
+    assert!(show.stdout.contains("model calls: 2"), "{show}");
+
+    // The step held a run key, never the real one.
+    let step_env = output["environment"].as_object().unwrap();
+    let key = output["openai_key"].as_str().unwrap().to_string();
+    assert!(key.starts_with("stw-"), "{key}");
+    for (name, value) in step_env {
+        let v = value.as_str().unwrap_or_default();
+        assert!(
+            !v.contains(UPSTREAM_OPENAI) && !v.contains(UPSTREAM_ANTHROPIC),
+            "the step's {name} holds a real key"
+        );
+    }
+    // Nor is it anywhere steward writes.
+    for real in [UPSTREAM_OPENAI, UPSTREAM_ANTHROPIC] {
+        assert!(
+            !env.runlog_text().contains(real),
+            "the runlog holds a real key"
+        );
+        assert!(
+            !daemon.log_text().contains(real),
+            "the daemon log holds a real key"
+        );
+        let holding = files_holding(&env.state, real);
+        assert!(
+            holding.is_empty(),
+            "the state folder holds a real key: {holding:?}"
+        );
+    }
+
+    // The step has ended: its key is refused now.
+    let base = output["base"].as_str().unwrap();
+    assert_eq!(status_of_call(base, &key), 401);
+    daemon.stop(Duration::from_secs(20));
+}
+
+#[test]
+fn a_maker_looping_on_calls_is_stopped_at_the_token_cap_and_nothing_commits() {
+    let standin = stand_in(None);
+    let env = gateway_env(
+        "looper",
+        "loop",
+        "max_tokens = 5000\nmax_tool_calls = 100\nmax_runtime_s = 60\nmax_cost_usd = 100.0\n",
+        &standin,
+        MINI,
+    );
+    let _daemon = start_daemon(&env);
+    let run = env.run("looper", true);
+    let rec = run.json();
+    assert_eq!(run.state(), "exhausted", "{run}");
+    assert!(
+        rec["breach"].as_str().unwrap().starts_with("tokens "),
+        "{rec:#}"
+    );
+    assert!(env.ledger_lines().is_empty(), "an exhausted run committed");
+    // Three calls fit in 5000 tokens at 1280 each; the fourth took it over.
+    let calls = model_calls(&env, &run.run_id());
+    assert!(calls.len() >= 4, "{calls:#?}");
+    assert!(rec["figures"]["tokens"].as_u64().unwrap() > 5000, "{rec:#}");
+}
+
+#[test]
+fn a_maker_looping_on_calls_is_stopped_at_the_cost_cap_and_nothing_commits() {
+    let standin = stand_in(None);
+    // $100 per million tokens: 1280 tokens a call cost $0.128; the cap is $0.5.
+    let dear = (100.0, 100.0, 100.0);
+    let env = gateway_env(
+        "spender",
+        "loop",
+        "max_tokens = 1000000\nmax_tool_calls = 100\nmax_runtime_s = 60\nmax_cost_usd = 0.5\n",
+        &standin,
+        dear,
+    );
+    let _daemon = start_daemon(&env);
+    let run = env.run("spender", true);
+    let rec = run.json();
+    assert_eq!(run.state(), "exhausted", "{run}");
+    assert!(
+        rec["breach"].as_str().unwrap().starts_with("cost_usd "),
+        "{rec:#}"
+    );
+    assert!(env.ledger_lines().is_empty(), "an exhausted run committed");
+    assert!(
+        rec["figures"]["tokens"].as_u64().unwrap() < 1_000_000,
+        "{rec:#}"
+    );
+}
+
+#[test]
+fn a_stream_past_the_cap_is_cut_and_the_next_call_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests");
+    let standin = stand_in_logging(None, Some(&log));
+    let env = gateway_env(
+        "runaway",
+        "runaway",
+        "max_tokens = 1000\nmax_tool_calls = 10\nmax_runtime_s = 60\nmax_cost_usd = 1.0\n",
+        &standin,
+        MINI,
+    );
+    let _daemon = start_daemon(&env);
+    let run = env.run("runaway", true);
+    let rec = run.json();
+    let calls = model_calls(&env, &run.run_id());
+    // The request's output limit was lowered to what the budget left...
+    let asked: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        asked.len(),
+        1,
+        "the refused call reached the provider: {asked:?}"
+    );
+    let limit = asked[0]["max_completion_tokens"]
+        .as_u64()
+        .expect("an output limit was set");
+    assert!(limit < 1000, "{asked:?}");
+    // ...the provider ignored it, and the stream was cut at it.
+    let cut = &calls[0];
+    assert_eq!(cut["status"], "cut", "{calls:#?}");
+    assert_eq!(cut["data"]["usage"], "reservation", "{cut}");
+    let charged = cut["data"]["charged_tokens"].as_u64().unwrap();
+    assert!(charged <= 1000, "{cut}");
+    assert_eq!(rec["model_spend"]["cut"], 1, "{rec:#}");
+    // The next call did not fit: refused in the provider's shape, and the run exhausted.
+    assert_eq!(calls[1]["status"], "refused", "{calls:#?}");
+    assert_eq!(run.state(), "exhausted", "{run}");
+    assert!(
+        rec["breach"].as_str().unwrap().starts_with("tokens "),
+        "{rec:#}"
+    );
+    assert!(env.ledger_lines().is_empty());
+}
+
+/// The HTTP status of a chat completion posted to `base` (`http://ADDR/openai/v1`) with
+/// `key`.
+fn status_of_call(base: &str, key: &str) -> u16 {
+    let rest = base.strip_prefix("http://").unwrap();
+    let (addr, path) = rest.split_once('/').unwrap();
+    let body = json!({"model": "gpt-4o-mini", "messages": []}).to_string();
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "POST /{path}/chat/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not HTTP: {answer:?}"))
 }

@@ -68,6 +68,12 @@ pub fn run_detail(out: &mut String, r: &RunRecord) {
     if let Some(of) = &r.retry_of {
         field(out, "retry of", of.clone());
     }
+    if let Some(m) = &r.model_spend {
+        field(out, "model calls", model_spend(m));
+    }
+    if let Some(m) = &r.misreported {
+        field(out, "misreported", m.clone());
+    }
     field(out, "trigger", compact(&r.trigger));
     if let Some(o) = &r.output {
         field(out, "output", compact(o));
@@ -294,4 +300,32 @@ pub fn status(out: &mut String, s: &Value) {
     if let Some(note) = s["process_containment"].as_str() {
         wln!(out, "process containment: {note}");
     }
+}
+
+/// A run's model calls through the gateway, on one line.
+fn model_spend(m: &crate::store::ModelSpend) -> String {
+    let mut parts = vec![
+        m.calls.to_string(),
+        format!(
+            "{} in ({} cached)",
+            m.input_tokens + m.cached_input_tokens,
+            m.cached_input_tokens
+        ),
+        format!("{} out", m.output_tokens),
+        format!("{} tool calls", m.tool_calls),
+        format!("${:.6}", m.cost_usd),
+    ];
+    if m.unreported > 0 {
+        parts.push(format!(
+            "{} told no usage (charged {} reserved tokens)",
+            m.unreported, m.reserved_tokens
+        ));
+    }
+    if m.cut > 0 {
+        parts.push(format!("{} stream(s) cut at the cap", m.cut));
+    }
+    if m.refused > 0 {
+        parts.push(format!("{} refused over budget", m.refused));
+    }
+    parts.join(" · ")
 }
