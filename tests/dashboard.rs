@@ -526,37 +526,6 @@ fn chromium_shows_every_page_with_real_runs_and_approves_through_the_daemon() {
     }
 }
 
-/// A loopback port nobody holds (just now).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn prometheus_query(addr: &str, query: &str) -> Value {
-    let q: String = query
-        .bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect();
-    let r = request(addr, "GET", &format!("/api/v1/query?query={q}"), &[], "");
-    if r.status != 200 {
-        return Value::Null;
-    }
-    serde_json::from_str(&r.body).unwrap_or(Value::Null)
-}
-
-/// The value of the query's one series, if Prometheus has it.
-fn one_value(v: &Value) -> Option<String> {
-    v["data"]["result"][0]["value"][1]
-        .as_str()
-        .map(String::from)
-}
-
 #[test]
 fn prometheus_scrapes_the_metrics_and_promtool_accepts_them() {
     for binary in ["/usr/bin/prometheus", "/usr/bin/promtool"] {
@@ -575,26 +544,9 @@ fn prometheus_scrapes_the_metrics_and_promtool_accepts_them() {
     let r = request(&b.addr, "GET", "/metrics", &[], "");
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.header("content-type").unwrap().starts_with("text/plain"));
-    let mut lint = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    lint.stdin
-        .take()
-        .unwrap()
-        .write_all(r.body.as_bytes())
-        .unwrap();
-    let out = lint.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics:\n{}{}\n--- the text\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        r.body
-    );
+    if let Err(said) = util::promtool_check(&r.body) {
+        panic!("promtool check metrics:\n{said}\n--- the text\n{}", r.body);
+    }
     assert!(!r.body.contains(SECRET));
     let with_host = request(
         &b.addr,
@@ -605,51 +557,7 @@ fn prometheus_scrapes_the_metrics_and_promtool_accepts_them() {
     );
     assert_eq!(with_host.status, 421, "/metrics keeps the Host check");
 
-    let port = free_port();
-    let prom_addr = format!("127.0.0.1:{port}");
-    let config = env.path("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: steward\n    static_configs:\n      - targets: ['{}']\n",
-            b.addr
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(env.path("prometheus.log")).unwrap();
-    let mut prometheus = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--web.listen-address={prom_addr}"))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            env.path("tsdb").display()
-        ))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start prometheus");
-    struct Kill<'a>(&'a mut Child);
-    impl Drop for Kill<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _guard = Kill(&mut prometheus);
-    let prom_log = || std::fs::read_to_string(env.path("prometheus.log")).unwrap_or_default();
-    let mut up = None;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while up.as_deref() != Some("1") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "Prometheus never saw the target up (last {up:?}):\n{}",
-            prom_log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-        if std::net::TcpStream::connect(&prom_addr).is_ok() {
-            up = one_value(&prometheus_query(&prom_addr, "up{job=\"steward\"}"));
-        }
-    }
+    let prometheus = util::Prometheus::scraping(&env.path("prometheus"), &b.addr);
     let expect = [
         (
             "steward_runs_total{workflow=\"tidy\",state=\"success\"}",
@@ -673,15 +581,13 @@ fn prometheus_scrapes_the_metrics_and_promtool_accepts_them() {
         ("steward_run_duration_seconds_count{workflow=\"tidy\"}", "3"),
     ];
     for (query, want) in expect {
-        let got = one_value(&prometheus_query(&prom_addr, query));
+        let got = prometheus.value(query);
         assert_eq!(got.as_deref(), Some(want), "{query} in Prometheus");
     }
-    let success = one_value(&prometheus_query(
-        &prom_addr,
-        "steward_last_success_timestamp_seconds{workflow=\"tidy\"}",
-    ))
-    .and_then(|v| v.parse::<f64>().ok())
-    .expect("a last success time for tidy");
+    let success = prometheus
+        .value("steward_last_success_timestamp_seconds{workflow=\"tidy\"}")
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("a last success time for tidy");
     let rec = env.steward(&["show", &p.tidy_runs[2], "--json"]).json();
     let ended = chrono::DateTime::parse_from_rfc3339(rec["ended_at"].as_str().unwrap()).unwrap();
     assert!(

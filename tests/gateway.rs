@@ -648,6 +648,52 @@ fn a_maker_that_reports_nothing_is_charged_what_the_provider_reported_and_never_
     // The step has ended: its key is refused now.
     let base = output["base"].as_str().unwrap();
     assert_eq!(status_of_call(base, &key), 401);
+
+    // Spend per workflow and model in /metrics, as a real Prometheus scrapes it.
+    let board = env.steward(&["dashboard", "--json"]).json();
+    let board_addr = board["listen"].as_str().unwrap().to_string();
+    let metrics = http_get(&board_addr, "/metrics");
+    if let Err(said) = util::promtool_check(&metrics) {
+        panic!("promtool check metrics:\n{said}\n{metrics}");
+    }
+    let prometheus = util::Prometheus::scraping(&env.path("prometheus"), &board_addr);
+    let series = |q: &str| {
+        prometheus
+            .value(q)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{q} is not in Prometheus:\n{metrics}"))
+    };
+    let mini = series(r#"steward_model_cost_usd_total{workflow="quiet",model="gpt-4o-mini"}"#);
+    assert!(
+        (mini - cost(MINI, PROMPT - CACHED, CACHED, OUTPUT)).abs() < 1e-9,
+        "{mini}"
+    );
+    assert_eq!(
+        series(
+            r#"steward_model_tokens_total{workflow="quiet",model="claude-sonnet-4-5",kind="cached_input"}"#
+        ),
+        CACHED as f64
+    );
+    assert_eq!(
+        series(r#"steward_model_calls_total{workflow="quiet",model="gpt-4o-mini",status="ok"}"#),
+        1.0
+    );
+
+    // The overview shows the workflow's spend today and over the week.
+    let url = board["url"].as_str().unwrap();
+    let token = url.split("token=").nth(1).unwrap();
+    let page = http_get_signed_in(&board_addr, token, "/");
+    let shown = format!("${want:.4}");
+    let row = page
+        .split("<tr>")
+        .find(|r| r.contains("runs?workflow=quiet"))
+        .unwrap_or_else(|| panic!("no row for quiet:\n{page}"));
+    assert!(
+        row.contains(&format!("<span class=\"usd today\">{shown}</span>"))
+            && row.contains(&format!("<span class=\"usd week\">{shown}</span>")),
+        "{row}"
+    );
+    assert_eq!(row.matches("<rect ").count(), 7, "a bar per day: {row}");
     daemon.stop(Duration::from_secs(20));
 }
 
@@ -771,4 +817,37 @@ fn status_of_call(base: &str, key: &str) -> u16 {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("not HTTP: {answer:?}"))
+}
+
+/// A GET's body (HTTP/1.0: whole, never chunked).
+fn http_get(addr: &str, path: &str) -> String {
+    http_get_with(addr, path, "")
+}
+
+fn http_get_with(addr: &str, path: &str, headers: &str) -> String {
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}\r\n").unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    raw.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or(raw)
+}
+
+/// A dashboard page, signed in the way a browser is: the token URL sets the cookie.
+fn http_get_signed_in(addr: &str, token: &str, path: &str) -> String {
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(conn, "GET /?token={token} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let cookie = raw
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or_else(|| l.strip_prefix("Set-Cookie: "))
+        })
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("no session cookie:\n{raw}"))
+        .to_string();
+    http_get_with(addr, path, &format!("Cookie: {cookie}\r\n"))
 }

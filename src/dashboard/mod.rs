@@ -17,6 +17,7 @@ mod live;
 mod pages;
 mod render;
 mod scrape;
+mod spend;
 
 use context::Dashboard;
 pub use keys::{metrics_token_path, token_path};

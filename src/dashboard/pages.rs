@@ -104,6 +104,7 @@ pub async fn overview(State(d): State<Arc<Dashboard>>) -> Response {
             next_fire => row.next_fire.as_ref().and_then(|n| n.get("local")).and_then(|v| v.as_str()),
             last => strip.first().cloned(),
             strip => strip,
+            spend => super::spend::week(store, &row.id, Utc::now()),
         });
     }
     let counts = store.counts().unwrap_or_default();

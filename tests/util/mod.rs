@@ -701,3 +701,132 @@ pub fn python() -> PathBuf {
         })
         .clone()
 }
+
+/// A real Prometheus scraping `target` every second, killed on drop.
+pub struct Prometheus {
+    child: std::process::Child,
+    pub addr: String,
+    log: PathBuf,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    /// Starts Prometheus (its files in `dir`) and waits until it has seen `target` up.
+    pub fn scraping(dir: &Path, target: &str) -> Prometheus {
+        assert!(
+            Path::new("/usr/bin/prometheus").exists(),
+            "/usr/bin/prometheus is missing: apt-get install prometheus (tests/run does)"
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        std::fs::create_dir_all(dir).unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: steward\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let log = dir.join("prometheus.log");
+        let child = dies_with_test(&mut Command::new("prometheus"))
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start prometheus");
+        let p = Prometheus { child, addr, log };
+        wait_for(
+            "Prometheus to see the target up",
+            Duration::from_secs(60),
+            || p.value("up{job=\"steward\"}").as_deref() == Some("1"),
+        );
+        p
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The result of an instant query, as Prometheus's JSON.
+    pub fn query(&self, query: &str) -> Value {
+        let q: String = query
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let Ok(mut conn) = std::net::TcpStream::connect(&self.addr) else {
+            return Value::Null;
+        };
+        use std::io::{Read, Write};
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(20)));
+        let head = format!(
+            // HTTP/1.0: the answer comes whole, never chunked.
+            "GET /api/v1/query?query={q} HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.addr
+        );
+        if conn.write_all(head.as_bytes()).is_err() {
+            return Value::Null;
+        }
+        let mut raw = String::new();
+        let _ = conn.read_to_string(&mut raw);
+        let Some((head, body)) = raw.split_once("\r\n\r\n") else {
+            return Value::Null;
+        };
+        if head.split_whitespace().nth(1) != Some("200") {
+            return Value::Null;
+        }
+        serde_json::from_str(body).unwrap_or(Value::Null)
+    }
+
+    /// The value of the query's one series, if Prometheus has it.
+    pub fn value(&self, query: &str) -> Option<String> {
+        self.query(query)["data"]["result"][0]["value"][1]
+            .as_str()
+            .map(String::from)
+    }
+}
+
+/// `promtool check metrics` on `text`: Err with what it said.
+pub fn promtool_check(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("promtool: {e}"))?;
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = lint.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
