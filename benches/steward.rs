@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+#[path = "support/gateway.rs"]
+mod gateway;
+
 struct Sizes {
     runs: usize,
     events: usize,
@@ -25,6 +28,8 @@ struct Sizes {
     feed_items: usize,
     /// Runs in the store the dashboard's pages are timed on, and requests per page.
     board: (usize, usize),
+    /// Model calls timed each way (direct, through the gateway), whole and streamed.
+    model_calls: usize,
 }
 
 fn sizes(mode: &str) -> Sizes {
@@ -42,6 +47,7 @@ fn sizes(mode: &str) -> Sizes {
             growth: (1_000, 100_000),
             feed_items: 2_000,
             board: (100_000, 500),
+            model_calls: 5_000,
         },
         "smoke" => Sizes {
             runs: 20,
@@ -56,6 +62,7 @@ fn sizes(mode: &str) -> Sizes {
             growth: (50, 200),
             feed_items: 50,
             board: (2_000, 20),
+            model_calls: 50,
         },
         _ => Sizes {
             runs: 200,
@@ -70,6 +77,7 @@ fn sizes(mode: &str) -> Sizes {
             growth: (1_000, 10_000),
             feed_items: 2_000,
             board: (100_000, 200),
+            model_calls: 1_000,
         },
     }
 }
@@ -1225,6 +1233,39 @@ fn main() {
         }
     }
 
+    if want("gateway") {
+        r.mark();
+        let g = gateway::run(s.model_calls);
+        let (d50, d99, _) = dist(g.direct.calls);
+        let (g50, g99, _) = dist(g.gateway.calls);
+        r.row(
+            "model call via gateway, added (ms, target p99 2)",
+            format!("p50 {:.2} p99 {:.2}", g50 - d50, g99 - d99),
+            format!("direct p50 {d50:.2} p99 {d99:.2}"),
+            format!("{:.2}", g99 / d99),
+            json!({ "added_p50_ms": g50 - d50, "added_p99_ms": g99 - d99, "gateway_p50_ms": g50, "gateway_p99_ms": g99, "direct_p50_ms": d50, "direct_p99_ms": d99, "calls": s.model_calls, "metered_calls": g.metered_calls }),
+        );
+        let (d50, d99, _) = dist(g.direct.first_byte);
+        let (g50, g99, _) = dist(g.gateway.first_byte);
+        r.row(
+            "streamed first byte via gateway, added (ms, target 2)",
+            format!("p50 {:.2} p99 {:.2}", g50 - d50, g99 - d99),
+            format!("direct p50 {d50:.2} p99 {d99:.2}"),
+            format!("{:.2}", g99 / d99),
+            json!({ "added_p50_ms": g50 - d50, "added_p99_ms": g99 - d99, "gateway_p50_ms": g50, "gateway_p99_ms": g99, "direct_p50_ms": d50, "direct_p99_ms": d99 }),
+        );
+        let (through, direct) = g.stream_rss_kib;
+        r.row(
+            &format!(
+                "{:.0} MB stream via gateway: peak RSS growth (MiB)",
+                g.stream_bytes as f64 / 1e6
+            ),
+            format!("{:.1}", through / 1024.0),
+            format!("direct {:.1}", direct / 1024.0),
+            "-".into(),
+            json!({ "gateway_mib": through / 1024.0, "direct_mib": direct / 1024.0, "bytes": g.stream_bytes }),
+        );
+    }
     if want("dashboard") {
         r.mark();
         let (n, samples) = s.board;

@@ -412,6 +412,18 @@ fn gateway_env(
     standin: &StandIn,
     mini: (f64, f64, f64),
 ) -> util::Env {
+    gateway_env_checked(id, mode, None, budget, standin, mini)
+}
+
+/// [`gateway_env`] whose checker, with `verify_mode`, is `gateway_maker.py` too.
+fn gateway_env_checked(
+    id: &str,
+    mode: &str,
+    verify_mode: Option<&str>,
+    budget: &str,
+    standin: &StandIn,
+    mini: (f64, f64, f64),
+) -> util::Env {
     let env = util::Env::new();
     let python = util::python();
     let venv = python.parent().unwrap().parent().unwrap();
@@ -461,10 +473,13 @@ output = 1.0
         ),
     )
     .unwrap();
-    let spec = util::Spec::new(id, &format!("exec {} {maker} {mode}\n", python.display()))
-        .budget(budget)
-        .tables(&format!(
-            r#"
+    let mut spec =
+        util::Spec::new(id, &format!("exec {} {maker} {mode}\n", python.display())).budget(budget);
+    if let Some(check) = verify_mode {
+        spec = spec.verify(&format!("exec {} {maker} {check}\n", python.display()));
+    }
+    let spec = spec.tables(&format!(
+        r#"
 [gateway]
 providers = ["openai", "anthropic"]
 models = ["gpt-4o-mini", "claude-sonnet-4-5", "standin-runaway"]
@@ -473,9 +488,9 @@ models = ["gpt-4o-mini", "claude-sonnet-4-5", "standin-runaway"]
 read = [{venv:?}, {base:?}, {fixtures:?}]
 write = [{dir:?}]
 "#,
-            venv = venv.display().to_string(),
-            dir = env.dir.path().display().to_string(),
-        ));
+        venv = venv.display().to_string(),
+        dir = env.dir.path().display().to_string(),
+    ));
     env.live_workflow(&spec);
     env
 }
@@ -850,4 +865,108 @@ fn http_get_signed_in(addr: &str, token: &str, path: &str) -> String {
         .unwrap_or_else(|| panic!("no session cookie:\n{raw}"))
         .to_string();
     http_get_with(addr, path, &format!("Cookie: {cookie}\r\n"))
+}
+
+#[test]
+fn a_checker_calls_through_the_gateway_too_and_its_spend_counts_in_the_same_budget() {
+    let standin = stand_in(None);
+    let env = gateway_env_checked(
+        "checked",
+        "calls",
+        Some("check"),
+        "max_tokens = 100000\nmax_tool_calls = 10\nmax_runtime_s = 60\nmax_cost_usd = 1.0\n",
+        &standin,
+        MINI,
+    );
+    let _daemon = start_daemon(&env);
+    let run = env.run("checked", true);
+    assert_eq!(run.state(), "success", "{run}");
+    let rec = run.json();
+    // The maker's two calls and the checker's one, each 1280 tokens.
+    assert_eq!(rec["model_spend"]["calls"], 3, "{rec:#}");
+    assert_eq!(rec["figures"]["tokens"], 3 * (PROMPT + OUTPUT), "{rec:#}");
+    let calls = model_calls(&env, &run.run_id());
+    assert_eq!(calls.len(), 3, "{calls:#?}");
+    assert_eq!(
+        env.ledger_lines().len(),
+        1,
+        "a passing live run commits once"
+    );
+}
+
+/// An agent CLI that prints its own usage (`usage_from`). The real `claude` and `codex`
+/// CLIs cannot run here (no internet, no account): the maker prints the output they
+/// document, and reports nothing on fd 3.
+#[test]
+fn an_agent_cli_s_printed_usage_is_a_second_meter() {
+    let env = util::Env::new();
+    let claude = r#"{"type":"result","subtype":"success","is_error":false,"num_turns":3,"result":"done","total_cost_usd":0.0421,"usage":{"input_tokens":12,"cache_creation_input_tokens":300,"cache_read_input_tokens":4000,"output_tokens":900}}"#;
+    // `usage_from` sits in [run], which the harness writes: the key is added after it.
+    let usage_from = |id: &str, format: &str| {
+        let file = env.config.join(format!("workflows/{id}.toml"));
+        let toml = std::fs::read_to_string(&file).unwrap().replacen(
+            "[verify]",
+            &format!("usage_from = \"{format}\"\n[verify]"),
+            1,
+        );
+        std::fs::write(&file, toml).unwrap();
+        let live = env.steward(&["go-live", id]);
+        assert_eq!(live.code, 0, "{live}");
+        file
+    };
+    env.workflow(
+        &util::Spec::new("claude", &format!("cat >/dev/null\necho '{claude}'\n")).budget(
+            "max_tokens = 5000\nmax_tool_calls = 5\nmax_runtime_s = 20\nmax_cost_usd = 1.0\n",
+        ),
+    );
+    usage_from("claude", "claude-json");
+    let run = env.run("claude", true);
+    let rec = run.json();
+    assert_eq!(run.state(), "exhausted", "{run}");
+    assert_eq!(rec["breach"], "tokens 5212/5000", "{rec:#}");
+    assert!(env.ledger_lines().is_empty());
+
+    let codex = [
+        r#"{"type":"thread.started","thread_id":"t"}"#,
+        r#"{"type":"item.completed","item":{"id":"i0","type":"command_execution","command":"ls"}}"#,
+        r#"{"type":"turn.completed","usage":{"input_tokens":2000,"cached_input_tokens":1500,"output_tokens":300}}"#,
+    ]
+    .map(|l| format!("echo '{l}'"))
+    .join("\n");
+    env.workflow(
+        &util::Spec::new("codex", &format!("cat >/dev/null\n{codex}\n")).budget(
+            "max_tokens = 10000\nmax_tool_calls = 5\nmax_runtime_s = 20\nmax_cost_usd = 1.0\n",
+        ),
+    );
+    let file = usage_from("codex", "codex-jsonl");
+    let run = env.run("codex", true);
+    let rec = run.json();
+    assert_eq!(run.state(), "success", "{run}");
+    assert_eq!(
+        (
+            rec["figures"]["tokens"].clone(),
+            rec["figures"]["tool_calls"].clone()
+        ),
+        (json!(2300), json!(1)),
+        "{rec:#}"
+    );
+    assert!(
+        rec["misreported"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("reported tokens 0 of 2300"),
+        "{rec:#}"
+    );
+
+    // A format steward does not read is a config error naming file, line and field.
+    let toml = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("codex-jsonl", "gemini");
+    std::fs::write(&file, toml).unwrap();
+    let check = env.steward(&["validate"]);
+    assert_ne!(check.code, 0, "{check}");
+    assert!(
+        check.stderr.contains("codex.toml:") && check.stderr.contains("run.usage_from: `gemini`"),
+        "{check}"
+    );
 }

@@ -43,7 +43,7 @@ const EXPECTED: &[(&str, i32, &str)] = &[
     ("export PATH=$PWD/target/release:$PATH", 0, ""),
     ("steward status", 0, "steward daemon pid"),
     ("steward logs -f", 0, ""),
-    ("steward validate", 0, "ok: 4 workflows"),
+    ("steward validate", 0, "ok: 5 workflows"),
     ("steward list", 0, "docs-team"),
     (
         "steward run hello --payload '{\"name\":\"Ada\"}'",

@@ -313,6 +313,13 @@ fn validate(config: &Path) -> Result<i32> {
                     wf.sandbox.summary(&cfg.root)
                 ));
             }
+            // Which models each workflow may call through the gateway, and whether the
+            // daemon here could reach them (a real key missing fails its calls).
+            for wf in cfg.workflows.values() {
+                if let Some(g) = &wf.gateway {
+                    text.push_str(&format!("  {}: {}\n", wf.id, g.summary()));
+                }
+            }
             // Where alerts go, one line per channel.
             for channel in &cfg.settings.notify {
                 let events: Vec<&str> = channel.events.iter().map(|e| e.name()).collect();

@@ -400,6 +400,7 @@ fn workflow_for(
             agent.name.clone(),
         ],
         timeout: None,
+        usage_from: None,
     };
     Workflow {
         id: agent.name.clone(),

@@ -195,6 +195,36 @@ impl GatewayUse {
         self.log_bodies = settings.log_bodies;
     }
 
+    /// One line for `steward validate`: providers, where each goes, the models and
+    /// their prices, and any real key missing from this environment.
+    pub fn summary(&self) -> String {
+        let upstreams: Vec<String> = self
+            .upstreams
+            .iter()
+            .map(|u| {
+                let unset = if crate::secret::lookup(&u.key_env).is_none() {
+                    format!(", ${} not set here: its calls will fail", u.key_env)
+                } else {
+                    String::new()
+                };
+                format!("{} at {}{unset}", u.provider.name(), u.api_base)
+            })
+            .collect();
+        let models: Vec<String> = self
+            .models
+            .iter()
+            .map(|m| match self.pricing.get(m) {
+                Some(p) => format!("{m} (${}/${} per Mtok in/out)", p.input, p.output),
+                None => m.clone(),
+            })
+            .collect();
+        format!(
+            "gateway: {}; models {}",
+            upstreams.join(", "),
+            models.join(", ")
+        )
+    }
+
     /// The models that have no price: their cost could not be held to `max_cost_usd`.
     pub fn unpriced(&self) -> Vec<&str> {
         self.models

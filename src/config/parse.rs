@@ -104,6 +104,8 @@ struct RawStep {
     command: Spanned<Vec<String>>,
     #[serde(default)]
     timeout_s: Option<Spanned<f64>>,
+    #[serde(default)]
+    usage_from: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -730,7 +732,28 @@ impl Validator<'_> {
             None if is_commit => Some(Duration::from_secs_f64(DEFAULT_COMMIT_TIMEOUT_S)),
             None => None,
         };
-        Some(StepCommand { argv, timeout })
+        let usage_from = raw.usage_from.and_then(|u| {
+            use crate::gateway::agent_cli::UsageFrom;
+            match (UsageFrom::parse(u.get_ref()), is_commit) {
+                (_, true) => {
+                    self.err(u.span(), "commit.usage_from is not allowed: only run and verify spend the budget");
+                    None
+                }
+                (Some(f), false) => Some(f),
+                (None, false) => {
+                    self.err(
+                        u.span(),
+                        format!("{name}.usage_from: `{}` is not a format steward reads (expected \"claude-json\" for `claude -p --output-format json` or \"codex-jsonl\" for `codex exec --json`)", u.get_ref()),
+                    );
+                    None
+                }
+            }
+        });
+        Some(StepCommand {
+            argv,
+            timeout,
+            usage_from,
+        })
     }
 }
 

@@ -195,6 +195,10 @@ pub struct StepCommand {
     pub argv: Vec<String>,
     /// Only `[commit]` may set one; run and verify are bounded by the budget.
     pub timeout: Option<Duration>,
+    /// `usage_from`: the step is an agent CLI whose stdout tells what it spent (a second
+    /// meter beside the gateway's; run and verify only).
+    #[serde(default)]
+    pub usage_from: Option<crate::gateway::agent_cli::UsageFrom>,
 }
 
 /// A validated workflow, ready to run.

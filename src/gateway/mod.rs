@@ -7,8 +7,10 @@
 //! the provider APIs unchanged on loopback: it checks key and model, reserves the call's
 //! worst case out of the run's budget and lowers its output limit to fit ([`reserve`]),
 //! forwards with the real key, and passes the answer back as it arrives while [`meter`]
-//! reads what it spent. Each call is charged to the run's budget as it ends.
+//! reads what it spent. Each call is charged to the run's budget as it ends. Agent CLIs
+//! with a transport of their own are metered from the usage they print ([`agent_cli`]).
 
+pub mod agent_cli;
 pub mod forward;
 pub mod keys;
 pub mod meter;

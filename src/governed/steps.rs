@@ -13,7 +13,9 @@ use super::env::{scratch_dir, scrub, StepEnv};
 use super::outcome::verdict_of;
 use super::{Engine, Result};
 use crate::budget::BudgetGuard;
-use crate::config::Workflow;
+use crate::config::{StepCommand, Workflow};
+use crate::control::Resource;
+use crate::gateway::agent_cli::{self, UsageFrom};
 use crate::step::{run_step, Ending, Exit, StepKind, StepOutcome, StepRequest};
 use crate::store::RunRecord;
 
@@ -25,7 +27,7 @@ impl Engine {
         wf: &Workflow,
         rec: &mut RunRecord,
         kind: StepKind,
-        argv: &[String],
+        cmd: &StepCommand,
         ctx: &Value,
         vars: &[(String, String)],
         guard: Option<&mut BudgetGuard>,
@@ -33,6 +35,7 @@ impl Engine {
         env: &StepEnv,
         cancel: &CancellationToken,
     ) -> Result<StepOutcome> {
+        let argv = &cmd.argv[..];
         let scratch = scratch_dir(&self.state_dir, &rec.run_id);
         // The folder (and its tmp/) exists before any step of the run starts.
         std::fs::create_dir_all(scratch.join("tmp"))?;
@@ -105,6 +108,9 @@ impl Engine {
         scrub(&mut out, &env.redactor);
         if gateway.is_some() {
             rec.model_spend = Some(spend.lock().unwrap_or_else(|p| p.into_inner()).clone());
+        }
+        if let (Some(format), Some(g)) = (cmd.usage_from, guard.as_deref_mut()) {
+            self.meter_cli_output(rec, format, &mut out, g, env)?;
         }
         self.note_misreported(rec, guard.as_deref(), env)?;
 
@@ -187,6 +193,54 @@ impl Engine {
         let mut out = StepOutcome::new(Ending::SpawnFailed(why));
         out.duration = Duration::ZERO;
         Ok(out)
+    }
+
+    /// The second meter: what an agent CLI printed of its own spend (`usage_from`),
+    /// charged as metered; over a cap, the step ends exhausted like any breach.
+    fn meter_cli_output(
+        &self,
+        rec: &RunRecord,
+        format: UsageFrom,
+        out: &mut StepOutcome,
+        guard: &mut BudgetGuard,
+        env: &StepEnv,
+    ) -> Result<()> {
+        let mut e = self.entry(rec, "usage_from", "metered");
+        let Some(spend) = agent_cli::read(format, &out.stdout) else {
+            e.status = "none".into();
+            e.detail = format!("{}: its output told no usage", format.name());
+            self.runlog.record(&e, &env.redactor)?;
+            return Ok(());
+        };
+        let mut charges = vec![
+            (Resource::Tokens, spend.usage.total() as f64),
+            (Resource::ToolCalls, spend.tool_calls as f64),
+        ];
+        if let Some(cost) = spend.cost_usd {
+            charges.push((Resource::CostUsd, cost));
+        }
+        for (resource, amount) in charges {
+            if let Some(breach) = guard.meter(resource, amount) {
+                if out.ending == Ending::Exited {
+                    out.ending = Ending::Breach(breach);
+                }
+            }
+        }
+        e.detail = format!(
+            "{}: {} in ({} cached), {} out, {} tool call(s){}",
+            format.name(),
+            spend.usage.input + spend.usage.cached_input,
+            spend.usage.cached_input,
+            spend.usage.output,
+            spend.tool_calls,
+            spend
+                .cost_usd
+                .map(|c| format!(", ${c:.6}"))
+                .unwrap_or_default()
+        );
+        e.figures = Some(guard.figures());
+        self.runlog.record(&e, &env.redactor)?;
+        Ok(())
     }
 
     /// Records, once per change, that the maker's fd-3 reports fell short of the meter.
