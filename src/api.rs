@@ -161,6 +161,9 @@ pub struct Status {
     /// Where the dashboard listens (`steward dashboard` prints its URL).
     #[serde(default)]
     pub dashboard_listen: Option<String>,
+    /// Where the model gateway listens (steps of workflows with `[gateway]` are told).
+    #[serde(default)]
+    pub gateway_listen: Option<String>,
     pub process_containment: String,
     /// When the running config was loaded (RFC 3339, UTC).
     #[serde(default)]

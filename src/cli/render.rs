@@ -297,6 +297,12 @@ pub fn status(out: &mut String, s: &Value) {
             }
         );
     }
+    if let Some(addr) = s["gateway_listen"].as_str() {
+        wln!(
+            out,
+            "model gateway: http://{addr} (for workflows with [gateway])"
+        );
+    }
     if let Some(note) = s["process_containment"].as_str() {
         wln!(out, "process containment: {note}");
     }

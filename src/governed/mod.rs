@@ -12,7 +12,8 @@
 //!
 //! The parts: `machine` (the run's phases, its one transition function and its one
 //! terminal write), [`outcome`] (how a run ends, and how a step's outcome is read),
-//! `steps` (one step, recorded), `env` (what steps get), `operator` (go-live, reject,
+//! `steps` (one step, recorded), `env` (what steps get), `gateway` (a step's key to the
+//! model gateway and how its calls are charged and recorded), `operator` (go-live, reject,
 //! in-doubt), [`pause`] (pause, resume, the circuit breaker), `watch` (after each run: the
 //! breaker, the spend window, and the alerts a run's end calls for).
 

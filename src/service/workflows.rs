@@ -67,6 +67,7 @@ pub(super) fn status(service: &Service) -> Handled {
         config_errors: running.errors,
         webhook_listen: daemon.webhook_listen(),
         dashboard_listen: daemon.dashboard_listen(),
+        gateway_listen: service.engine.gateway.as_ref().map(|g| g.addr.to_string()),
         process_containment: crate::containment::describe(),
     })))
 }
