@@ -174,9 +174,13 @@ impl Env {
     pub fn script(&self, name: &str, body: &str) -> String {
         let rel = format!("scripts/{name}");
         let path = self.config.join(&rel);
-        std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+        // Written beside and renamed over: rewriting a script in place while a firing
+        // schedule execs it fails with ETXTBSY ("Text file busy").
+        let fresh = self.config.join(format!("scripts/.{name}.new"));
+        std::fs::write(&fresh, format!("#!/bin/sh\n{body}")).unwrap();
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&fresh, &path).unwrap();
         rel
     }
 
