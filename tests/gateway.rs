@@ -970,3 +970,120 @@ fn an_agent_cli_s_printed_usage_is_a_second_meter() {
         "{check}"
     );
 }
+
+/// One POST as raw HTTP/1.0: (status, lower-cased head, body).
+fn post_raw(addr: &str, path: &str, key: &str, body: &Value) -> (u16, String, String) {
+    let body = body.to_string();
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_error_is_passed_on_uncharged_and_log_bodies_keeps_prompt_and_answer() {
+    use steward::budget::{Headroom, Left};
+    use steward::gateway::keys::{Call, Event, Grant, Upstream};
+    use steward::gateway::Gateway;
+
+    let s = stand_in(None);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let gateway = Gateway::start("127.0.0.1:0", cancel.clone()).await.unwrap();
+    let calls: std::sync::Arc<std::sync::Mutex<Vec<Call>>> = Default::default();
+    let sink = {
+        let calls = calls.clone();
+        std::sync::Arc::new(move |e: Event<'_>| {
+            if let Event::Call(c) = e {
+                calls.lock().unwrap().push(c.clone())
+            }
+        })
+    };
+    let headroom = Headroom::new(Left {
+        tokens: 100_000,
+        cost_usd: 10.0,
+    });
+    let issued = gateway
+        .registry
+        .issue(Grant {
+            run_id: "r".into(),
+            workflow: "w".into(),
+            step: "run".into(),
+            upstreams: vec![(
+                Provider::Openai,
+                Upstream {
+                    base_url: format!("http://127.0.0.1:{}/v1", s.port),
+                    key: REAL_OPENAI.into(),
+                },
+            )],
+            models: vec!["gpt-4o-mini".into(), "standin-overloaded".into()],
+            pricing: Default::default(),
+            budget: Some(headroom.clone()),
+            log_bodies: true,
+            sink,
+        })
+        .unwrap();
+    let addr = gateway.addr.to_string();
+    let key = issued.key.clone();
+    let (ok, overloaded) = tokio::task::spawn_blocking(move || {
+        let ask = |model: &str| {
+            post_raw(
+                &addr,
+                "/openai/v1/chat/completions",
+                &key,
+                &json!({"model": model, "messages": [{"role": "user", "content": "the prompt"}]}),
+            )
+        };
+        (ask("gpt-4o-mini"), ask("standin-overloaded"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(ok.0, 200, "{ok:?}");
+    // The provider's 429 reaches the client as the provider sent it, with its retry hints.
+    assert_eq!(overloaded.0, 429, "{overloaded:?}");
+    assert!(overloaded.1.contains("retry-after: 7"), "{}", overloaded.1);
+    assert!(
+        overloaded.1.contains("x-ratelimit-remaining-requests: 0"),
+        "{}",
+        overloaded.1
+    );
+    assert!(
+        overloaded.2.contains("rate_limit_exceeded"),
+        "{}",
+        overloaded.2
+    );
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while calls.lock().unwrap().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            calls.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let calls = calls.lock().unwrap().clone();
+    let (billed, refused) = (&calls[0], &calls[1]);
+    assert_eq!(billed.charges[0].1, (PROMPT + OUTPUT) as f64, "{billed:?}");
+    // Not billed by the provider, not charged by steward (an SDK retrying it drains nothing).
+    assert!(refused.charges.is_empty(), "{refused:?}");
+    // Both reservations were freed: what is left is the budget less the one billed call.
+    let (free, _) = headroom.reserve(|free| Ok::<_, ()>((free, free))).unwrap();
+    assert_eq!(free.tokens, 100_000 - (PROMPT + OUTPUT));
+    // log_bodies: the prompt and the answer, as they passed.
+    let (request, answer) = billed.bodies.clone().expect("bodies under log_bodies");
+    assert_eq!(request["messages"][0]["content"], "the prompt");
+    assert!(answer.contains("chatcmpl-standin"), "{answer}");
+    cancel.cancel();
+}

@@ -285,6 +285,17 @@ async fn call(
     if content_type.starts_with("text/event-stream") {
         reading.meter = Some(StreamMeter::new(provider));
     }
+    let passed: Vec<_> = answer
+        .headers()
+        .iter()
+        .filter(|(name, _)| passes(name.as_str()))
+        .filter_map(|(name, value)| {
+            Some((
+                axum::http::HeaderName::from_bytes(name.as_str().as_bytes()).ok()?,
+                axum::http::HeaderValue::from_bytes(value.as_bytes()).ok()?,
+            ))
+        })
+        .collect();
     // The answer passes through as it arrives; the meter reads along, and its reading
     // goes to the sink once the answer has ended (or was cut, or dropped by the client).
     let stream = answer.bytes_stream().scan(reading, |reading, chunk| {
@@ -309,7 +320,18 @@ async fn call(
             .headers_mut()
             .insert(axum::http::header::CONTENT_TYPE, v);
     }
+    response.headers_mut().extend(passed);
     response
+}
+
+/// The provider's answer headers a client may act on: when to retry, its rate limits,
+/// the request id to quote to support. Not hop-by-hop ones, not cookies.
+fn passes(name: &str) -> bool {
+    matches!(
+        name,
+        "retry-after" | "retry-after-ms" | "x-request-id" | "request-id" | "openai-processing-ms"
+    ) || name.starts_with("x-ratelimit-")
+        || name.starts_with("anthropic-ratelimit-")
 }
 
 /// The meter's side of one answer in flight; settles the call once — charges it, frees
@@ -380,7 +402,15 @@ impl Reading {
             call.metered.usage = None;
         }
         call.latency_ms = self.started.elapsed().as_millis() as u64;
-        call.charges = reserve::charges(&call.metered, call.reserved, self.price.as_ref());
+        // An error answer (the provider refused, was overloaded or unreachable) is not
+        // billed: it charges nothing, so an SDK retrying a provider's 429 does not drain
+        // the budget. Anything else without usage is charged its whole reservation.
+        let unbilled = (400..600).contains(&call.status) && call.metered.usage.is_none();
+        call.charges = if unbilled {
+            Vec::new()
+        } else {
+            reserve::charges(&call.metered, call.reserved, self.price.as_ref())
+        };
         call.cost_usd = call
             .charges
             .iter()
