@@ -204,8 +204,8 @@ pub struct Launch<'a> {
     pub env: &'a [(String, String)],
     pub cwd: &'a Path,
     pub control: RawFd,
-    /// A Landlock ruleset the child restricts itself with just before exec (-1: none).
-    pub sandbox: RawFd,
+    /// The confinement the child applies just before exec.
+    pub sandbox: crate::sandbox::ChildConfinement,
     /// `cgroup.procs` files the child joins (writes `0` into) before exec: its caps.
     pub join: &'a [RawFd],
 }
@@ -447,8 +447,8 @@ struct ChildPlan {
     cwd: *const libc::c_char,
     /// Become the child's fds 0, 1, 2 and 3; each is above 3.
     fds: [RawFd; 4],
-    /// The Landlock ruleset to restrict the child with (-1: none).
-    sandbox: RawFd,
+    /// The confinement to apply just before exec.
+    sandbox: crate::sandbox::ChildConfinement,
     /// `cgroup.procs` descriptors to join (-1: unused).
     join: [RawFd; MAX_JOIN],
     errno: libc::c_int,

@@ -129,7 +129,7 @@ fn run_cli(cli: Cli) -> Result<i32> {
             })?;
             Ok(0)
         }
-        Command::Validate => validate(&config),
+        Command::Validate => validate(&config, &state),
         Command::Dashboard { json } => dashboard_url(&state, json),
         Command::Next { workflow, preview } => {
             calendar::workflow(&config, &workflow, &preview.into())
@@ -275,7 +275,7 @@ fn key_templates_within_bounds(cfg: &config::Config) -> bool {
     ok
 }
 
-fn validate(config: &Path) -> Result<i32> {
+fn validate(config: &Path, state: &Path) -> Result<i32> {
     match config::load_dir(config) {
         Ok(cfg) if !key_templates_within_bounds(&cfg) => Ok(1),
         Ok(cfg) => {
@@ -312,6 +312,23 @@ fn validate(config: &Path) -> Result<i32> {
                     wf.id,
                     wf.sandbox.summary(&cfg.root)
                 ));
+                if wf.sandbox.enabled {
+                    let programs: Vec<&Path> = [Some(&wf.run), Some(&wf.verify)]
+                        .into_iter()
+                        .flatten()
+                        .map(|c| Path::new(&c.argv[0]))
+                        .filter(|p| p.is_absolute())
+                        .collect();
+                    for warning in wf.sandbox.warnings(state, &programs) {
+                        text.push_str(&format!("  {}: sandbox: {warning}\n", wf.id));
+                    }
+                }
+            }
+            match crate::sandbox::tmp::supported() {
+                Ok(()) => text.push_str(
+                    "  steps get a private /tmp (their scratch folder's tmp/, mounted over /tmp)\n",
+                ),
+                Err(why) => text.push_str(&format!("  steps get no /tmp: {why}\n")),
             }
             // Which models each workflow may call through the gateway, and whether the
             // daemon here could reach them (a real key missing fails its calls).

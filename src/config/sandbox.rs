@@ -128,19 +128,55 @@ impl Sandbox {
     }
 
     /// The policy of one step: this sandbox, the run's scratch folder (read and write),
-    /// and the folder of the step's own program (read, so it can run).
+    /// and the folder of the step's own program (read, so it can run) — or the program
+    /// file alone, when that folder holds the state folder or the systemd credentials.
     pub fn policy(&self, scratch: &Path, program: Option<&Path>) -> Policy {
         let mut read = self.read.clone();
-        if let Some(dir) = program.and_then(Path::parent).filter(|d| d.is_absolute()) {
-            read.push(dir.to_path_buf());
+        // scratch is STATE/scratch/RUN_ID.
+        let state = scratch.parent().and_then(Path::parent).unwrap_or(scratch);
+        if let Some(program) = program.filter(|p| p.is_absolute()) {
+            read.push(match program_grant(program, state) {
+                ProgramGrant::Folder(dir) => dir,
+                ProgramGrant::FileAlone(_) => program.to_path_buf(),
+            });
         }
         let mut write = self.write.clone();
         write.push(scratch.to_path_buf());
+        // A private /tmp hides the host's: not for a step whose own files are there.
+        let tmp = std::iter::once(scratch)
+            .chain(read.iter().map(PathBuf::as_path))
+            .chain(write.iter().map(PathBuf::as_path))
+            .all(|p| !p.starts_with("/tmp"))
+            .then(|| scratch.join("tmp"));
         Policy {
             read,
             write,
             net: self.net.clone(),
+            tmp,
         }
+    }
+
+    /// What `steward validate` must say plainly of this sandbox on state folder `state`:
+    /// a read grant that holds the state folder, a program granted alone.
+    pub fn warnings(&self, state: &Path, programs: &[&Path]) -> Vec<String> {
+        let mut out = Vec::new();
+        for r in &self.read {
+            if state.starts_with(r) {
+                out.push(format!(
+                    "[sandbox] read has {}, which holds the state folder: its steps can read every run record, key and approval there",
+                    r.display()
+                ));
+            }
+        }
+        for program in programs {
+            if let ProgramGrant::FileAlone(why) = program_grant(program, state) {
+                out.push(format!(
+                    "{} lives in a folder that holds {why}: the sandbox grants the program file alone, not its folder",
+                    program.display()
+                ));
+            }
+        }
+        out
     }
 
     /// One line for `steward validate`: what a step of this workflow may do.
@@ -226,4 +262,31 @@ mod tests {
         let off = Sandbox::layered(&default, &table("enabled = false").unwrap(), root);
         assert!(!off.enabled);
     }
+}
+
+/// What of a step's program the sandbox grants for reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProgramGrant {
+    /// Its folder (so it can read its own files beside it).
+    Folder(PathBuf),
+    /// The file alone: its folder holds what no step may read (said in words).
+    FileAlone(String),
+}
+
+/// The grant for `program` with the state folder at `state`.
+pub fn program_grant(program: &Path, state: &Path) -> ProgramGrant {
+    let Some(dir) = program.parent() else {
+        return ProgramGrant::FileAlone("nothing".into());
+    };
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let (dir_abs, state_abs) = (absolute(dir), absolute(state));
+    if state_abs.starts_with(&dir_abs) {
+        return ProgramGrant::FileAlone(format!("the state folder {}", state_abs.display()));
+    }
+    if let Some(creds) = std::env::var_os("CREDENTIALS_DIRECTORY") {
+        if Path::new(&creds).starts_with(&dir_abs) {
+            return ProgramGrant::FileAlone("the systemd credentials".into());
+        }
+    }
+    ProgramGrant::Folder(dir.to_path_buf())
 }

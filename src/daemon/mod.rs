@@ -196,6 +196,10 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     } else {
         tracing::warn!("{}", sandbox.describe());
     }
+    match crate::sandbox::tmp::supported() {
+        Ok(()) => tracing::info!("sandbox: each step gets a mount namespace (a private /tmp, the system's secrets masked)"),
+        Err(why) => tracing::warn!("sandbox: steps get no /tmp and the system's secrets are fenced by Landlock only: {why}"),
+    }
 
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
     loop {

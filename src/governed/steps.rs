@@ -58,7 +58,7 @@ impl Engine {
             }
             match crate::sandbox::confine(&policy, wf.sandbox.require) {
                 Ok(c) => {
-                    rec.sandbox = Some(sandbox_line(&c.state, &policy.net));
+                    rec.sandbox = Some(sandbox_line(&c.state, &policy.net, &c.notes));
                     Some(c)
                 }
                 Err(e) => {
@@ -264,7 +264,7 @@ impl Engine {
 }
 
 /// The run record's line for a confined step: its state and its network.
-fn sandbox_line(state: &str, net: &crate::sandbox::Net) -> String {
+fn sandbox_line(state: &str, net: &crate::sandbox::Net, notes: &[String]) -> String {
     let net = match net {
         _ if state.contains("no TCP rules") => {
             "network not confined (this kernel has no TCP rules)".to_string()
@@ -276,5 +276,10 @@ fn sandbox_line(state: &str, net: &crate::sandbox::Net) -> String {
             p.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")
         ),
     };
-    format!("{state}; {net}")
+    let mut line = format!("{state}; {net}");
+    for note in notes {
+        line.push_str("; ");
+        line.push_str(note);
+    }
+    line
 }

@@ -15,7 +15,7 @@ pub(super) fn spawn(
     argv: &[String],
     cwd: &Path,
     env: &[(String, String)],
-    sandbox: RawFd,
+    sandbox: crate::sandbox::ChildConfinement,
     join: &[RawFd],
 ) -> std::io::Result<(StepProcess, OwnedFd, Option<StepCgroup>)> {
     let Some((program, args)) = argv.split_first() else {
@@ -83,7 +83,7 @@ pub(super) fn spawn(
     let join = join.to_vec();
     let child = match RESERVED_FD3
         .get()
-        .filter(|_| sandbox < 0 && join.is_empty())
+        .filter(|_| sandbox.is_none() && join.is_empty())
     {
         // The fast path: std spawns with posix_spawn, which a pre_exec hook would turn
         // into a fork of this whole process (half the throughput). The control pipe is put

@@ -270,7 +270,8 @@ pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>)
         req.argv,
         req.cwd,
         req.env,
-        req.sandbox.map_or(-1, |s| s.raw_fd()),
+        req.sandbox
+            .map_or(crate::sandbox::ChildConfinement::NONE, |s| s.child()),
         &join,
     ) {
         Ok(pair) => pair,

@@ -8,7 +8,16 @@
 //! rules restricts nobody. Only the step's child, between its clone and its exec, calls
 //! `landlock_restrict_self` on it (see [`crate::process`]), so the daemon itself is never
 //! restricted, and a step's own children inherit its confinement.
+//!
+//! Beside it: [`system`], a second Landlock layer that keeps `/etc`'s secrets from every
+//! step; [`net`], a seccomp filter for the sockets Landlock cannot see (UDP, raw,
+//! packet); [`tmp`], a private `/tmp` in a mount namespace of the step's own.
 
+pub mod net;
+pub mod system;
+pub mod tmp;
+
+use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -54,6 +63,9 @@ pub struct Policy {
     pub read: Vec<PathBuf>,
     pub write: Vec<PathBuf>,
     pub net: Net,
+    /// The folder mounted over `/tmp` for the step (its run's `scratch/tmp`), where the
+    /// kernel allows a mount namespace.
+    pub tmp: Option<PathBuf>,
 }
 
 /// What every step needs to read to run at all: the system's programs, libraries and
@@ -162,17 +174,76 @@ impl Support {
 }
 
 /// A built ruleset, ready for a child to restrict itself with, and what it enforces.
-#[derive(Debug)]
 pub struct Confinement {
     fd: Option<OwnedFd>,
+    /// The system layer (kept by [`system`] for every step; -1: none).
+    system: RawFd,
+    seccomp: Option<&'static net::Filter>,
+    tmp: Option<CString>,
+    /// A mount namespace of its own (with `masks` covered), where the kernel allows it.
+    namespace: bool,
+    masks: &'static [system::Mask],
     /// `full` or `partial (no TCP rules)`: for the run record and the runlog.
     pub state: String,
+    /// What the step may do over UDP, and where its `/tmp` is, in words.
+    pub notes: Vec<String>,
+}
+
+impl std::fmt::Debug for Confinement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Confinement")
+            .field("state", &self.state)
+            .field("notes", &self.notes)
+            .finish()
+    }
+}
+
+/// What the child needs of a [`Confinement`]: descriptors and pointers only, valid while
+/// the confinement lives (it outlives the spawn).
+#[derive(Debug, Clone, Copy)]
+pub struct ChildConfinement {
+    landlock: RawFd,
+    system: RawFd,
+    seccomp: *const libc::sock_fprog,
+    namespace: bool,
+    tmp: *const libc::c_char,
+    masks: *const system::Mask,
+    masks_len: usize,
+}
+
+// SAFETY: the pointers are read only by the spawned child, while their owner lives.
+unsafe impl Send for ChildConfinement {}
+unsafe impl Sync for ChildConfinement {}
+
+impl ChildConfinement {
+    /// Nothing to apply.
+    pub const NONE: ChildConfinement = ChildConfinement {
+        landlock: -1,
+        system: -1,
+        seccomp: std::ptr::null(),
+        namespace: false,
+        tmp: std::ptr::null(),
+        masks: std::ptr::null(),
+        masks_len: 0,
+    };
+
+    pub fn is_none(&self) -> bool {
+        self.landlock < 0 && self.system < 0 && self.seccomp.is_null() && !self.namespace
+    }
 }
 
 impl Confinement {
-    /// The ruleset's descriptor (close-on-exec), or -1 when there is nothing to apply.
-    pub fn raw_fd(&self) -> RawFd {
-        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    /// What the child applies just before exec.
+    pub fn child(&self) -> ChildConfinement {
+        ChildConfinement {
+            landlock: self.fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            system: self.system,
+            seccomp: self.seccomp.map_or(std::ptr::null(), |f| &f.fprog),
+            namespace: self.namespace,
+            tmp: self.tmp.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()),
+            masks: self.masks.as_ptr(),
+            masks_len: self.masks.len(),
+        }
     }
 }
 
@@ -192,10 +263,39 @@ pub fn confine(policy: &Policy, require: bool) -> Result<Confinement, SandboxErr
             missing.join(", ")
         )));
     }
+    let seccomp = net::filter(&policy.net);
+    let mut notes = vec![net::udp(&policy.net).to_string()];
+    if policy.net != Net::Any && seccomp.is_none() {
+        notes[0] = "UDP not confined (no seccomp filter for this architecture)".into();
+    }
+    let namespace = tmp::supported().is_ok();
+    let masks = if namespace { system::masks() } else { &[] };
+    let tmp = match (&policy.tmp, tmp::supported()) {
+        (Some(dir), Ok(())) => {
+            notes.push("private /tmp".into());
+            CString::new(dir.as_os_str().as_encoded_bytes()).ok()
+        }
+        (Some(_), Err(why)) => {
+            notes.push(format!("no /tmp ({why})"));
+            None
+        }
+        (None, _) => {
+            notes.push(
+                "no /tmp (its own files are under /tmp, which a private one would hide)".into(),
+            );
+            None
+        }
+    };
     if !support.filesystem() {
         return Ok(Confinement {
             fd: None,
+            system: -1,
+            seccomp,
+            tmp,
+            namespace,
+            masks,
             state: "off (no Landlock on this kernel)".into(),
+            notes,
         });
     }
     let abi = ABI::from(support.abi);
@@ -225,7 +325,16 @@ pub fn confine(policy: &Policy, require: bool) -> Result<Confinement, SandboxErr
             DEVICES
                 .iter()
                 .map(Path::new)
-                .chain(policy.write.iter().map(PathBuf::as_path)),
+                .chain(policy.write.iter().map(PathBuf::as_path))
+                // Seen through its mount over /tmp, the folder is the mount's root: it
+                // needs a rule of its own (its parent's does not reach across the mount).
+                .chain(
+                    policy
+                        .tmp
+                        .iter()
+                        .filter(|_| tmp.is_some())
+                        .map(PathBuf::as_path),
+                ),
             AccessFs::from_all(abi),
         ))
         .map_err(err)?;
@@ -241,27 +350,60 @@ pub fn confine(policy: &Policy, require: bool) -> Result<Confinement, SandboxErr
     } else {
         format!("partial ({})", missing.join(", "))
     };
+    // Masked in the step's namespace, or else fenced off by a Landlock layer.
+    let system = if namespace {
+        -1
+    } else {
+        system::layer(support.abi).unwrap_or(-1)
+    };
+    if !namespace && system < 0 {
+        notes.push("the system's secrets not fenced off (cannot build the layer)".into());
+    }
     Ok(Confinement {
         fd: created.into(),
+        system,
+        seccomp,
+        tmp,
+        namespace,
+        masks,
         state,
+        notes,
     })
 }
 
-/// In a step's child, just before exec: no new privileges (Landlock requires it, and a
-/// setuid program must not lift the confinement), then the ruleset. Only system calls:
-/// this runs between clone and exec.
+/// In a step's child, just before exec: its mount namespace (the secrets masked, its
+/// private `/tmp`), no new
+/// privileges (Landlock and seccomp require it, and a setuid program must not lift the
+/// confinement), the system layer, the step's ruleset, then the socket filter. Only
+/// system calls: this runs between clone and exec.
 ///
 /// # Safety
-/// Call only in a freshly cloned child; `fd` is a Landlock ruleset descriptor.
-pub unsafe fn restrict_self(fd: RawFd) -> Result<(), i32> {
-    if fd < 0 {
+/// Call only in a freshly cloned child, while the [`Confinement`] `c` came from lives.
+pub unsafe fn restrict_self(c: ChildConfinement) -> Result<(), i32> {
+    if c.is_none() {
         return Ok(());
     }
-    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == -1 {
-        return Err(*libc::__errno_location());
+    let errno = || *libc::__errno_location();
+    if c.namespace && tmp::enter(c.tmp, c.masks, c.masks_len) == -1 {
+        return Err(errno());
     }
-    if libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) == -1 {
-        return Err(*libc::__errno_location());
+    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == -1 {
+        return Err(errno());
+    }
+    for fd in [c.system, c.landlock] {
+        if fd >= 0 && libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) == -1 {
+            return Err(errno());
+        }
+    }
+    if !c.seccomp.is_null()
+        && libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0u32,
+            c.seccomp,
+        ) == -1
+    {
+        return Err(errno());
     }
     Ok(())
 }

@@ -1,0 +1,290 @@
+//! The four ways out of the sandbox an operator found (issue 27), tried by a maker in
+//! shell and perl under a real daemon: send a UDP datagram with no network granted, read
+//! a file of the state folder that sits beneath its own program's folder, read
+//! `/etc/shadow`'s entries as root (masked empty in the step's mount namespace, or denied
+//! by Landlock where it has none), write outside its scratch folder. Each fails. The same maker
+//! can write `/tmp/x` — its own private `/tmp`, gone when the run ends and unseen by the
+//! next run — and with `net = "any"` it can send UDP, so the denials are the sandbox's.
+//!
+//! The test folder is made outside `/tmp` (a private `/tmp` hides the host's, so steward
+//! gives none to a step whose own files are there).
+
+mod util;
+
+use std::collections::BTreeMap;
+use std::net::UdpSocket;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+
+const MAKER: &str = r#"#!/bin/sh
+cat >/dev/null
+try() {
+  name=$1; shift
+  if err=$("$@" 2>&1 >/dev/null); then echo "$name=ok" >&2
+  else echo "$name=denied" >&2; echo "$name said: $err" >&2; fi
+}
+try udp perl -MIO::Socket::INET -e '
+  my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1", PeerPort => $ENV{UDP_PORT}, Proto => "udp")
+    or die "socket: $!\n";
+  $s->send("escaped") or die "send: $!\n"'
+try read-state cat "$STATE_BELOW/secret.txt"
+try read-shadow sh -c 'grep -q : /etc/shadow'   # denied, or masked empty
+try read-passwd cat /etc/passwd
+try write-outside sh -c 'echo owned > "$OUTSIDE/owned"'
+try tmp-fresh test ! -e /tmp/x
+try tmp-write sh -c 'echo "$STEWARD_RUN_ID" > /tmp/x && test "$(cat /tmp/x)" = "$STEWARD_RUN_ID"'
+echo '{"done": true}'
+"#;
+
+struct Layout {
+    _dir: tempfile::TempDir,
+    base: PathBuf,
+    config: PathBuf,
+    state: PathBuf,
+    outside: PathBuf,
+}
+
+/// BASE/maker.sh is the program, BASE/state the state folder beneath its folder.
+fn layout(net: &str, udp_port: u16) -> Layout {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let base = std::fs::canonicalize(dir.path()).unwrap();
+    let config = base.join("config");
+    let state = base.join("state");
+    let outside = base.join("outside");
+    for d in [config.join("workflows"), state.clone(), outside.clone()] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(state.join("secret.txt"), "hunter2").unwrap();
+    let maker = base.join("maker.sh");
+    std::fs::write(&maker, MAKER).unwrap();
+    let verify = base.join("verify.sh");
+    std::fs::write(&verify, "#!/bin/sh\ncat >/dev/null\necho pass\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for f in [&maker, &verify] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::write(
+        config.join("workflows/escape.toml"),
+        format!(
+            r#"id = "escape"
+dry_run = true
+[trigger]
+manual = true
+[budget]
+max_tokens = 1000
+max_tool_calls = 5
+max_runtime_s = 30
+max_cost_usd = 1.0
+[run]
+command = ["{maker}"]
+[verify]
+command = ["{verify}"]
+[env]
+UDP_PORT = "{udp_port}"
+STATE_BELOW = "{state}"
+OUTSIDE = "{outside}"
+[sandbox]
+net = {net}
+"#,
+            maker = maker.display(),
+            verify = verify.display(),
+            state = state.display(),
+            outside = outside.display(),
+        ),
+    )
+    .unwrap();
+    Layout {
+        _dir: dir,
+        base,
+        config,
+        state,
+        outside,
+    }
+}
+
+fn steward(l: &Layout, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_steward"))
+        .args(args)
+        .env("STEWARD_CONFIG", &l.config)
+        .env("STEWARD_STATE", &l.state)
+        .env("STEWARD_DASHBOARD_LISTEN", "127.0.0.1:0")
+        .env_remove("STEWARD_LOG")
+        .output()
+        .unwrap()
+}
+
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn daemon(l: &Layout, namespace: bool) -> Daemon {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_steward"));
+    if !namespace {
+        cmd.env("STEWARD_SANDBOX_NAMESPACE", "0");
+    }
+    cmd.arg("daemon")
+        .env("STEWARD_CONFIG", &l.config)
+        .env("STEWARD_STATE", &l.state)
+        .env("STEWARD_DASHBOARD_LISTEN", "127.0.0.1:0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let d = Daemon(util::dies_with_test(&mut cmd).spawn().unwrap());
+    util::wait_for("the daemon to answer", Duration::from_secs(15), || {
+        steward(l, &["status"]).status.success()
+    });
+    d
+}
+
+/// One run through the daemon: its record and each attempt's `ok` or `denied`.
+fn run(l: &Layout) -> (Value, BTreeMap<String, String>) {
+    let out = steward(l, &["run", "escape", "--json"]);
+    let rec: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no record ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let stderr = rec["stderr"]["run"].as_str().unwrap_or("").to_string();
+    let attempts = stderr
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(_, v)| *v == "ok" || *v == "denied")
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    (rec, attempts)
+}
+
+fn listener() -> UdpSocket {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    s
+}
+
+fn received(s: &UdpSocket) -> Option<String> {
+    let mut buf = [0u8; 64];
+    s.recv(&mut buf)
+        .ok()
+        .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+fn landlock_and_seccomp() -> bool {
+    steward::sandbox::Support::current().abi >= 1
+}
+
+#[test]
+fn no_udp_no_state_below_the_program_no_shadow_no_write_outside_and_a_private_tmp() {
+    escapes_fail(true);
+}
+
+/// The other road: no mount namespace (as where the kernel refuses steward one). The
+/// secrets are fenced off by a Landlock layer instead of masked, and there is no /tmp.
+#[test]
+fn without_a_mount_namespace_the_secrets_are_fenced_off_and_tmp_is_denied() {
+    escapes_fail(false);
+}
+
+fn escapes_fail(namespace: bool) {
+    if !landlock_and_seccomp() {
+        eprintln!("this kernel has no Landlock: nothing to test here");
+        return;
+    }
+    let udp = listener();
+    let l = layout("\"none\"", udp.local_addr().unwrap().port());
+    let _d = daemon(&l, namespace);
+
+    // validate says the program is granted alone, and why.
+    let check = steward(&l, &["validate"]);
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        said.contains(&format!(
+            "maker.sh lives in a folder that holds the state folder {}: the sandbox grants the program file alone",
+            l.state.display()
+        )),
+        "{said}"
+    );
+
+    let (rec, attempts) = run(&l);
+    assert_eq!(rec["state"], "success", "{rec:#}");
+    let record = rec["sandbox"].as_str().unwrap_or_default();
+    assert!(record.contains("no UDP, raw or packet sockets"), "{record}");
+    let want = |name: &str, what: &str| {
+        assert_eq!(
+            attempts.get(name).map(String::as_str),
+            Some(what),
+            "{name}: {}",
+            rec["stderr"]["run"]
+        )
+    };
+    want("udp", "denied");
+    assert_eq!(received(&udp), None, "a datagram got out");
+    want("read-state", "denied");
+    want("write-outside", "denied");
+    assert!(!l.outside.join("owned").exists());
+    want("read-passwd", "ok");
+    if nix::unistd::geteuid().is_root() {
+        want("read-shadow", "denied");
+    }
+    match steward::sandbox::tmp::supported().and_then(|()| {
+        if namespace {
+            Ok(())
+        } else {
+            Err("turned off".into())
+        }
+    }) {
+        Ok(()) => {
+            assert!(record.contains("private /tmp"), "{record}");
+            want("tmp-fresh", "ok");
+            want("tmp-write", "ok");
+            // The host's /tmp never saw it, and the run's scratch folder is gone.
+            let id = rec["run_id"].as_str().unwrap();
+            assert_ne!(
+                std::fs::read_to_string("/tmp/x").unwrap_or_default().trim(),
+                id
+            );
+            assert!(!l.state.join("scratch").join(id).exists());
+            // The next run starts with an empty /tmp of its own.
+            let (_, again) = run(&l);
+            assert_eq!(again.get("tmp-fresh").map(String::as_str), Some("ok"));
+        }
+        Err(why) => {
+            assert!(record.contains("no /tmp"), "{record} ({why})");
+            want("tmp-write", "denied");
+        }
+    }
+    let _ = &l.base;
+}
+
+#[test]
+fn with_net_any_the_same_maker_can_send_udp() {
+    if !landlock_and_seccomp() {
+        return;
+    }
+    let udp = listener();
+    let l = layout("\"any\"", udp.local_addr().unwrap().port());
+    let _d = daemon(&l, true);
+    let (rec, attempts) = run(&l);
+    assert_eq!(
+        attempts.get("udp").map(String::as_str),
+        Some("ok"),
+        "{rec:#}"
+    );
+    assert_eq!(received(&udp).as_deref(), Some("escaped"));
+    // Still no state below the program, nor anything outside its scratch folder.
+    assert_eq!(
+        attempts.get("read-state").map(String::as_str),
+        Some("denied")
+    );
+    assert_eq!(
+        attempts.get("write-outside").map(String::as_str),
+        Some("denied")
+    );
+}
