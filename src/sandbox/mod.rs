@@ -27,34 +27,7 @@ use landlock::{
     RulesetAttr, RulesetCreatedAttr, Scope, ABI,
 };
 
-/// What a step may reach over the network.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Net {
-    /// No TCP connection or listening socket at all.
-    None,
-    /// TCP connections to these ports only.
-    Ports(Vec<u16>),
-    /// Anything: the network is not confined.
-    Any,
-}
-
-impl Net {
-    /// This rule with TCP to `port` allowed too (the model gateway's, for a step that
-    /// calls it).
-    pub fn with_port(self, port: u16) -> Net {
-        match self {
-            Net::None => Net::Ports(vec![port]),
-            Net::Ports(mut ports) => {
-                if !ports.contains(&port) {
-                    ports.push(port);
-                }
-                Net::Ports(ports)
-            }
-            Net::Any => Net::Any,
-        }
-    }
-}
+pub use net::Net;
 
 /// What one step may do: read (and run) beneath `read`, read and write beneath `write`,
 /// and reach `net`.
