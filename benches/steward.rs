@@ -228,7 +228,7 @@ impl Governed {
         let mut engine = g.runner.engine().clone();
         engine.alerts = {
             let _rt = g.rt.enter(); // the dispatcher is a task on the bench's runtime
-            steward::alert::start(channels, engine.runlog.clone()).0
+            steward::alert::start(channels, engine.runlog.clone(), None).0
         };
         g.runner = steward::runner::Runner::new(engine, 8);
         g

@@ -459,7 +459,9 @@ fn webhook_settings(env: &Env, sink: &Sink, events: &str, extra: &str) {
 fn a_first_start_on_a_fresh_state_raises_no_overdue_or_missed() {
     let env = Env::new();
     let sink = sink(&env, "alerts.jsonl", None);
-    webhook_settings(&env, &sink, "\"overdue\", \"missed\"", "");
+    // A short `every`: the rate window holds across a restart, and the control must be
+    // told again after it.
+    webhook_settings(&env, &sink, "\"overdue\", \"missed\"", "every = \"1s\"\n");
     // Its newest slot is up to an hour old and had no run: before this state folder
     // knew the workflow, so nothing was due then.
     env.workflow(
@@ -795,4 +797,99 @@ fn an_escalated_run_and_a_commit_left_in_doubt_are_alerted() {
         .unwrap()
         .contains("steward in-doubt resolve"));
     d.stop(Duration::from_secs(10));
+}
+
+/// A loopback port nobody listens on (just now): where a receiver that is down would be.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An alert still being retried when the daemon stops (SIGTERM) or dies (SIGKILL) is
+/// delivered after the next start, once, with the event id it had before.
+#[test]
+fn an_alert_still_owed_at_a_stop_or_a_crash_is_delivered_after_the_restart_once() {
+    for stop in ["SIGTERM", "SIGKILL"] {
+        let env = Env::new();
+        let port = free_port();
+        std::fs::write(
+            env.config.join("steward.toml"),
+            format!(
+                "[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{port}/\"\nevents = [\"dead_letter\"]\n"
+            ),
+        )
+        .unwrap();
+        env.workflow(&Spec::new("w", "cat >/dev/null\nexit 1\n").tables("[retry]\nattempts = 1\n"));
+        let mut d = env.daemon(&[]);
+        assert_eq!(env.run("w", false).state(), "failed");
+        // The receiver is down: the delivery is being retried.
+        wait_for(
+            &format!("{stop}: a retried delivery"),
+            Duration::from_secs(20),
+            || !alert_lines(&env, "retrying").is_empty(),
+        );
+        let id = alert_lines(&env, "retrying")[0]["data"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        match stop {
+            "SIGTERM" => {
+                d.stop(Duration::from_secs(20));
+            }
+            _ => {
+                d.signal(nix::sys::signal::Signal::SIGKILL);
+                drop(d);
+            }
+        }
+        // The receiver comes back; the daemon starts again on the same state.
+        let sink = sink(&env, "alerts.jsonl", Some(port));
+        let _d = env.daemon(&[]);
+        wait_for(
+            &format!("{stop}: the owed alert delivered after the restart"),
+            Duration::from_secs(30),
+            || !alert_lines(&env, "sent").is_empty(),
+        );
+        let got = sink.of("http", "dead_letter");
+        assert_eq!(got.len(), 1, "{stop}: {got:#?}");
+        assert_eq!(got[0]["idempotency_key"], id.as_str(), "{stop}: {got:#?}");
+        let body: Value = serde_json::from_str(got[0]["body"].as_str().unwrap()).unwrap();
+        assert_eq!(body["id"], id.as_str());
+        assert_eq!(body["workflow"], "w");
+        // Sent once: nothing is owed any more, and the next start owes nothing either.
+        assert_eq!(alert_lines(&env, "sent").len(), 1, "{stop}");
+    }
+}
+
+/// A channel's `every` holds across a restart: the second dead letter after it is held
+/// back, not sent at once.
+#[test]
+fn every_holds_across_a_restart() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    webhook_settings(&env, &sink, "\"dead_letter\"", "every = \"1h\"\n");
+    env.workflow(&Spec::new("w", "cat >/dev/null\nexit 1\n").tables("[retry]\nattempts = 1\n"));
+    let mut d = env.daemon(&[]);
+    assert_eq!(env.run("w", false).state(), "failed");
+    wait_for(
+        "the first dead_letter alert",
+        Duration::from_secs(20),
+        || hooks(&sink, "dead_letter").len() == 1,
+    );
+    d.stop(Duration::from_secs(20));
+    let _d = env.daemon(&[]);
+    assert_eq!(env.run("w", false).state(), "failed");
+    wait_for(
+        "the second dead_letter held back by its every",
+        Duration::from_secs(20),
+        || !alert_lines(&env, "held").is_empty(),
+    );
+    assert_eq!(
+        hooks(&sink, "dead_letter").len(),
+        1,
+        "sent again after the restart"
+    );
+    assert_eq!(alert_lines(&env, "sent").len(), 1);
 }

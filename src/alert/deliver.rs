@@ -20,8 +20,49 @@ pub const ATTEMPTS: u32 = 7;
 /// How long one webhook request may take.
 const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Delivers `alert` to `channel`, retrying with backoff; gives up after [`ATTEMPTS`].
-pub async fn with_retries(channel: NotifyChannel, smtp: Option<Smtp>, alert: Alert, log: RunLog) {
+/// Where a delivery is kept while it is owed.
+pub struct Ledger {
+    pub owed: super::owed::Owed,
+    pub key: String,
+    pub channel: String,
+}
+
+impl Ledger {
+    fn attempted(&self, alert: &Alert, made: u32) {
+        self.owed.attempted(
+            &self.key,
+            &super::owed::Pending {
+                channel: self.channel.clone(),
+                alert: alert.clone(),
+                attempts_made: made,
+            },
+        );
+    }
+}
+
+/// Delivers `alert` to `channel`, retrying with backoff; gives up after [`ATTEMPTS`] in
+/// all (`made` were made before a restart). Settled in the ledger when sent or given up.
+pub async fn with_retries(
+    channel: NotifyChannel,
+    smtp: Option<Smtp>,
+    alert: Alert,
+    log: RunLog,
+    made: u32,
+    ledger: Ledger,
+) {
+    deliver(channel, smtp, &alert, log, made, &ledger).await;
+    ledger.owed.done(&ledger.key);
+}
+
+async fn deliver(
+    channel: NotifyChannel,
+    smtp: Option<Smtp>,
+    alert: &Alert,
+    log: RunLog,
+    made: u32,
+    ledger: &Ledger,
+) {
+    let alert = alert.clone();
     let label = channel.label();
     // A webhook whose URL variable is unset cannot succeed by waiting: dropped, not retried.
     if let (ChannelKind::Webhook, None, Some(var)) = (channel.kind, &channel.url, &channel.url_env)
@@ -36,7 +77,7 @@ pub async fn with_retries(channel: NotifyChannel, smtp: Option<Smtp>, alert: Ale
             return;
         }
     }
-    for attempt in 1..=ATTEMPTS {
+    for attempt in (made + 1).max(1)..=ATTEMPTS.max(made + 1) {
         let result = match channel.kind {
             ChannelKind::Email => email(&channel, smtp.as_ref(), &alert).await,
             ChannelKind::Webhook => webhook(&channel, &alert).await,
@@ -44,6 +85,7 @@ pub async fn with_retries(channel: NotifyChannel, smtp: Option<Smtp>, alert: Ale
         let (status, detail) = match &result {
             Ok(()) => ("sent", format!("{} to {label}", alert.event)),
             Err(e) if attempt < ATTEMPTS => {
+                ledger.attempted(&alert, attempt);
                 let wait = backoff(attempt - 1);
                 tracing::warn!(channel = %label, event = %alert.event, workflow = %alert.workflow, "alert not delivered (attempt {attempt} of {ATTEMPTS}): {e}; retrying in {}s", wait.as_secs());
                 record(
@@ -78,7 +120,7 @@ pub async fn with_retries(channel: NotifyChannel, smtp: Option<Smtp>, alert: Ale
     }
 }
 
-fn record(log: &RunLog, alert: &Alert, attempt: u32, status: &str, detail: String) {
+pub(super) fn record(log: &RunLog, alert: &Alert, attempt: u32, status: &str, detail: String) {
     let e = Entry {
         ts: chrono::Utc::now(),
         run_id: alert.run_id.clone().unwrap_or_default(),
@@ -89,7 +131,7 @@ fn record(log: &RunLog, alert: &Alert, attempt: u32, status: &str, detail: Strin
         figures: None,
         duration_ms: None,
         detail,
-        data: Some(json!({ "event": alert.event, "held_back": alert.held_back })),
+        data: Some(json!({ "event": alert.event, "id": alert.id, "held_back": alert.held_back })),
     };
     if let Err(e) = log.record(&e, &Redactor::default()) {
         tracing::error!("cannot write the runlog: {e}");
@@ -129,14 +171,17 @@ async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), String> {
         (None, None) => return Err("no url".into()),
     };
     let client = client()?;
+    // The same id on every attempt, before and after a restart: a receiver drops repeats.
     let json_body = |v: serde_json::Value| {
         client
             .post(&url)
             .header("Content-Type", "application/json")
+            .header("Idempotency-Key", &alert.id)
             .body(v.to_string())
     };
     let req = match channel.format {
         WebhookFormat::Json => json_body(json!({
+            "id": alert.id,
             "event": alert.event,
             "workflow": alert.workflow,
             "message": alert.message,
@@ -149,6 +194,7 @@ async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), String> {
         WebhookFormat::Discord => json_body(json!({ "content": alert.text() })),
         WebhookFormat::Ntfy => client
             .post(&url)
+            .header("Idempotency-Key", &alert.id)
             .header("Title", crate::mail::one_line(&alert.subject(), 200))
             .header("Tags", alert.event.name())
             .body(alert.text()),

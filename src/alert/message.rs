@@ -5,8 +5,11 @@ use chrono::{DateTime, Utc};
 use crate::config::notify::Event;
 
 /// One thing a person should know about.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Alert {
+    /// Stable across retries and restarts: a receiver drops a repeat by it.
+    #[serde(default)]
+    pub id: String,
     pub event: Event,
     pub workflow: String,
     /// One or two sentences: what happened and what to do.
@@ -19,12 +22,16 @@ pub struct Alert {
 
 impl Alert {
     pub fn new(event: Event, workflow: &str, message: impl Into<String>) -> Alert {
+        let at = Utc::now();
+        let mut random = [0u8; 4];
+        let _ = getrandom::fill(&mut random);
         Alert {
+            id: format!("{}-{}", at.format("%Y%m%dT%H%M%S%3f"), hex::encode(random)),
             event,
             workflow: workflow.to_string(),
             message: message.into(),
             run_id: None,
-            at: Utc::now(),
+            at,
             held_back: 0,
         }
     }

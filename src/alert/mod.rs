@@ -10,9 +10,16 @@
 //! run nor another channel; an alert held back costs a lock and a map lookup. Each
 //! outcome is a runlog `alert` line naming the channel by its label (a webhook's scheme,
 //! host and port only: its path may hold a token).
+//!
+//! What alerting owes survives a restart (`owed`): a delivery is kept in the store
+//! before its first attempt and resumes, with the attempts it has left, after a stop or a
+//! crash; each carries a stable event id (`Idempotency-Key`) so a receiver can drop the
+//! repeat a crash between sending and recording may cause. The rate windows are kept
+//! too, so a restart neither repeats an alert inside its `every` nor forgets one held.
 
 mod deliver;
 mod message;
+mod owed;
 
 pub use message::Alert;
 
@@ -64,9 +71,7 @@ impl Current {
     }
 }
 
-/// (channel id, workflow, event). The id is a hash of the whole channel table: two
-/// webhooks on one host are two channels, and no URL is kept where a log could show it.
-type GateKey = (String, String, Event);
+use owed::GateKey;
 
 fn channel_id(channel: &NotifyChannel) -> String {
     use sha2::{Digest, Sha256};
@@ -76,6 +81,8 @@ fn channel_id(channel: &NotifyChannel) -> String {
 /// One channel's memory of one workflow and event.
 struct Gate {
     last_sent: Instant,
+    /// `last_sent` on the wall clock, as the store keeps it.
+    last_sent_at: chrono::DateTime<chrono::Utc>,
     held: u32,
     /// The newest alert held back, sent (with the count) once the wait is over.
     latest: Option<Alert>,
@@ -86,6 +93,17 @@ struct Inner {
     current: watch::Receiver<Arc<Current>>,
     gates: Mutex<HashMap<GateKey, Gate>>,
     runlog: RunLog,
+    owed: owed::Owed,
+}
+
+impl Gate {
+    fn saved(&self) -> owed::SavedGate {
+        owed::SavedGate {
+            last_sent: self.last_sent_at,
+            held: self.held,
+            latest: self.latest.clone(),
+        }
+    }
 }
 
 impl Alerts {
@@ -121,21 +139,36 @@ impl Alerts {
                     }
                     g.held += 1;
                     g.latest = Some(alert.clone());
+                    inner.owed.save_gate(&key, &g.saved());
                     tracing::debug!(channel = %channel.label(), workflow = %alert.workflow, event = %alert.event, "alert held back ({} so far)", g.held);
+                    deliver::record(
+                        &inner.runlog,
+                        &alert,
+                        0,
+                        "held",
+                        format!(
+                            "{} to {}: held back by its every ({} so far)",
+                            alert.event,
+                            channel.label(),
+                            g.held
+                        ),
+                    );
                 }
                 _ => {
-                    gates.insert(
-                        key,
-                        Gate {
-                            last_sent: Instant::now(),
-                            held: 0,
-                            latest: None,
-                        },
-                    );
+                    let gate = Gate {
+                        last_sent: Instant::now(),
+                        last_sent_at: chrono::Utc::now(),
+                        held: 0,
+                        latest: None,
+                    };
+                    inner.owed.save_gate(&key, &gate.saved());
+                    gates.insert(key.clone(), gate);
                     inner.deliver(
                         channel.clone(),
+                        current.ids[i].clone(),
                         current.channels.smtp.clone(),
                         alert.clone(),
+                        None,
                     );
                 }
             }
@@ -144,10 +177,41 @@ impl Alerts {
 }
 
 impl Inner {
-    fn deliver(&self, channel: NotifyChannel, smtp: Option<Smtp>, alert: Alert) {
+    /// Delivers `alert` to `channel` (of id `channel_id`) in a task of its own: kept in
+    /// the store first, unless `resumed` (its key and the attempts already made).
+    fn deliver(
+        &self,
+        channel: NotifyChannel,
+        channel_id: String,
+        smtp: Option<Smtp>,
+        alert: Alert,
+        resumed: Option<(String, u32)>,
+    ) {
         let runlog = self.runlog.clone();
-        self.rt
-            .spawn(deliver::with_retries(channel, smtp, alert, runlog));
+        let owed = self.owed.clone();
+        let (key, made, fresh) = match resumed {
+            Some((key, made)) => (key, made, false),
+            None => {
+                let pending = owed::Pending {
+                    channel: channel_id.clone(),
+                    alert: alert.clone(),
+                    attempts_made: 0,
+                };
+                (owed.keep(&pending), 0, true)
+            }
+        };
+        self.rt.spawn(async move {
+            if fresh {
+                let o = owed.clone();
+                let _ = tokio::task::spawn_blocking(move || o.flush()).await;
+            }
+            let ledger = deliver::Ledger {
+                owed,
+                key,
+                channel: channel_id,
+            };
+            deliver::with_retries(channel, smtp, alert, runlog, made, ledger).await
+        });
     }
 
     fn release_at(self: &Arc<Self>, key: GateKey, wake: Instant) {
@@ -172,10 +236,75 @@ impl Inner {
         latest.held_back = gate.held.saturating_sub(1);
         gate.held = 0;
         gate.last_sent = Instant::now();
+        gate.last_sent_at = chrono::Utc::now();
+        self.owed.save_gate(key, &gate.saved());
         // A channel edited away in the meantime gets nothing.
         if let Some(i) = current.ids.iter().position(|id| *id == key.0) {
             let channel = current.channels.list[i].clone();
-            self.deliver(channel, current.channels.smtp.clone(), latest);
+            self.deliver(
+                channel,
+                key.0.clone(),
+                current.channels.smtp.clone(),
+                latest,
+                None,
+            );
+        }
+    }
+
+    /// At start-up: the rate windows as they were, and the deliveries still owed, resumed
+    /// with the attempts they have left.
+    fn restore(self: &Arc<Self>) {
+        let current = self.current.borrow().clone();
+        let now_wall = chrono::Utc::now();
+        let now = Instant::now();
+        {
+            let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+            for (key, saved) in self.owed.gates() {
+                let Some(i) = current.ids.iter().position(|id| *id == key.0) else {
+                    continue;
+                };
+                let ago = (now_wall - saved.last_sent).to_std().unwrap_or_default();
+                let last_sent = now.checked_sub(ago).unwrap_or(now);
+                if saved.latest.is_some() {
+                    self.release_at(key.clone(), last_sent + current.channels.list[i].every());
+                }
+                gates.insert(
+                    key,
+                    Gate {
+                        last_sent,
+                        last_sent_at: saved.last_sent,
+                        held: saved.held,
+                        latest: saved.latest,
+                    },
+                );
+            }
+        }
+        for (key, pending) in self.owed.pending() {
+            match current.ids.iter().position(|id| *id == pending.channel) {
+                Some(i) => {
+                    tracing::info!(workflow = %pending.alert.workflow, event = %pending.alert.event, "alert still owed from before the restart: resuming its delivery");
+                    self.deliver(
+                        current.channels.list[i].clone(),
+                        pending.channel.clone(),
+                        current.channels.smtp.clone(),
+                        pending.alert,
+                        Some((key, pending.attempts_made)),
+                    );
+                }
+                None => {
+                    deliver::record(
+                        &self.runlog,
+                        &pending.alert,
+                        pending.attempts_made,
+                        "dropped",
+                        format!(
+                            "{}: owed from before the restart, but its channel is no longer in steward.toml",
+                            pending.alert.event
+                        ),
+                    );
+                    self.owed.done(&key);
+                }
+            }
         }
     }
 }
@@ -196,18 +325,26 @@ impl ChannelsUpdate {
 }
 
 /// Starts alerting on the current runtime (deliveries and timers are its tasks); outside
-/// one, alerts are off and the error says so.
-pub fn start(channels: Channels, runlog: RunLog) -> (Alerts, ChannelsUpdate) {
+/// one, alerts are off and the error says so. With a store, what was owed before a
+/// restart is resumed ([`owed`]).
+pub fn start(
+    channels: Channels,
+    runlog: RunLog,
+    store: Option<crate::store::Store>,
+) -> (Alerts, ChannelsUpdate) {
     let (tx, rx) = watch::channel(Arc::new(Current::new(channels)));
     let alerts = match tokio::runtime::Handle::try_current() {
-        Ok(rt) => Alerts {
-            inner: Some(Arc::new(Inner {
+        Ok(rt) => {
+            let inner = Arc::new(Inner {
                 rt,
                 current: rx,
                 gates: Mutex::new(HashMap::new()),
                 runlog,
-            })),
-        },
+                owed: owed::Owed::new(store),
+            });
+            inner.restore();
+            Alerts { inner: Some(inner) }
+        }
         Err(e) => {
             tracing::error!("alerts are off: no async runtime to deliver them on ({e})");
             Alerts::default()

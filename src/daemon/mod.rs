@@ -75,8 +75,11 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         Ok(n) => tracing::info!("pruned {n} run record(s) past the retention"),
         Err(e) => tracing::warn!("could not prune old run records: {e}"),
     }
-    let (alerts, alert_channels) =
-        crate::alert::start(crate::alert::Channels::of(&config), engine.runlog.clone());
+    let (alerts, alert_channels) = crate::alert::start(
+        crate::alert::Channels::of(&config),
+        engine.runlog.clone(),
+        Some(engine.store.clone()),
+    );
     engine.alerts = alerts;
     for id in &recovery.interrupted_runs {
         tracing::warn!(run = %id, "run was in flight when steward last stopped: recorded interrupted");

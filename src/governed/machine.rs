@@ -535,6 +535,17 @@ impl Engine {
         if state == RunState::ApprovalRequired {
             self.store.queue_review(&rec.run_id)?;
         }
+        if !matches!(state, RunState::Skipped | RunState::Missed) {
+            self.store.add_day_spend(
+                &rec.workflow,
+                rec.started_at.date_naive(),
+                &crate::store::DaySpend {
+                    cost_usd: rec.figures.cost_usd,
+                    tokens: rec.figures.tokens,
+                    runs: 1,
+                },
+            )?;
+        }
         self.store.flush()?;
         let mut e = self.entry(&rec, "end", state.name());
         e.detail = rec.reason.clone();

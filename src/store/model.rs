@@ -189,6 +189,14 @@ pub struct RunRecord {
     pub misreported: Option<String>,
 }
 
+/// What a workflow's runs spent on one day (UTC), as their budgets counted it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct DaySpend {
+    pub cost_usd: f64,
+    pub tokens: u64,
+    pub runs: u64,
+}
+
 /// A run's model calls through the gateway, summed.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpend {
@@ -395,6 +403,24 @@ pub trait Backend: Send + Sync {
     fn first_loaded(&self, workflow: &str) -> Result<Option<DateTime<Utc>>>;
 
     fn set_first_loaded(&self, workflow: &str, at: DateTime<Utc>) -> Result<()>;
+
+    // ---- spend per day ----
+    /// Adds an ended run's spend to its workflow's day (atomic: runs may end together).
+    fn add_day_spend(&self, workflow: &str, day: chrono::NaiveDate, spend: &DaySpend)
+        -> Result<()>;
+
+    /// A workflow's spend on `day` (zero when nothing was spent).
+    fn day_spend(&self, workflow: &str, day: chrono::NaiveDate) -> Result<DaySpend>;
+
+    // ---- what the daemon owes across a restart ----
+    /// Keeps `bytes` under `key` in the `owed` tree: pending alert deliveries, the alert
+    /// channels' rate windows, the lapses already told (each module keeps its own prefix).
+    fn put_owed(&self, key: &str, bytes: &[u8]) -> Result<()>;
+
+    fn remove_owed(&self, key: &str) -> Result<()>;
+
+    /// Every entry under `prefix`, in key order.
+    fn owed(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
 
     // ---- webhook deliveries ----
     /// Remembers a verified delivery `id` of `workflow`'s webhook as `seen`, unless it is

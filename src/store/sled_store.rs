@@ -3,8 +3,10 @@
 //! Trees: `runs` (run records), `active` (runs not yet terminal), `keys` (idempotency
 //! keys and their phase), `dead_letter` (full copies of failed, exhausted and stagnated
 //! runs), `review` (runs waiting for an operator), `approvals` (go-live approvals bound to
-//! a config hash), `meta` (last slots, first loads, retention counters), `case_events`,
-//! `deliveries` (the webhook deliveries accepted, until a replay could no longer verify).
+//! a config hash), `meta` (last slots, first loads, retention counters, spend per
+//! workflow and day), `case_events`,
+//! `deliveries` (the webhook deliveries accepted, until a replay could no longer verify),
+//! `owed` (what the daemon owes across a restart: pending alerts, rate windows, lapses told).
 //!
 //! sled admits one process per folder and flushes on its own only every 500 ms, so the
 //! store is opened once and shared, and flushed at every point that must survive a crash.
@@ -40,6 +42,8 @@ pub struct SledStore {
     pauses: sled::Tree,
     /// `WORKFLOW\0DELIVERY` → [`SeenDelivery`]: the webhook deliveries accepted.
     deliveries: sled::Tree,
+    /// What the daemon owes across a restart (alert outbox, rate windows, lapses told).
+    owed: sled::Tree,
 }
 
 /// ` (pid N: cmdline)` for the processes that hold `dir` open, as far as /proc shows.
@@ -136,6 +140,7 @@ impl SledStore {
             run_index: db.open_tree("run_index")?,
             pauses: db.open_tree("pauses")?,
             deliveries: db.open_tree("deliveries")?,
+            owed: db.open_tree("owed")?,
             db,
         };
         store.build_run_index()?;
@@ -484,6 +489,49 @@ impl Backend for SledStore {
             }
         }
         Ok(gone)
+    }
+
+    fn add_day_spend(
+        &self,
+        workflow: &str,
+        day: chrono::NaiveDate,
+        spend: &DaySpend,
+    ) -> Result<()> {
+        let key = format!("spend/{workflow}/{day}");
+        self.meta.update_and_fetch(key.as_bytes(), |old| {
+            let mut sum: DaySpend = old
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or_default();
+            sum.cost_usd = (sum.cost_usd + spend.cost_usd).min(f64::MAX);
+            sum.tokens = sum.tokens.saturating_add(spend.tokens);
+            sum.runs += spend.runs;
+            serde_json::to_vec(&sum).ok()
+        })?;
+        Ok(())
+    }
+
+    fn day_spend(&self, workflow: &str, day: chrono::NaiveDate) -> Result<DaySpend> {
+        Ok(get(&self.meta, "meta", &format!("spend/{workflow}/{day}"))?.unwrap_or_default())
+    }
+
+    fn put_owed(&self, key: &str, bytes: &[u8]) -> Result<()> {
+        self.owed.insert(key.as_bytes(), bytes)?;
+        Ok(())
+    }
+
+    fn remove_owed(&self, key: &str) -> Result<()> {
+        self.owed.remove(key.as_bytes())?;
+        Ok(())
+    }
+
+    fn owed(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        self.owed
+            .scan_prefix(prefix.as_bytes())
+            .map(|item| {
+                let (k, v) = item?;
+                Ok((String::from_utf8_lossy(&k).into_owned(), v.to_vec()))
+            })
+            .collect()
     }
 
     fn first_loaded(&self, workflow: &str) -> Result<Option<DateTime<Utc>>> {
