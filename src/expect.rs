@@ -49,7 +49,8 @@ pub fn note_loaded(engine: &Engine, config: &Config, now: DateTime<Utc>) {
     }
 }
 
-/// What the switch already alerted about, so each lapse is told once.
+/// What the switch already alerted about, so each lapse is told once — across a restart
+/// too: what it told is kept in the store's `owed` tree (`expect/KIND/WORKFLOW`).
 #[derive(Default)]
 pub struct Watch {
     overdue_slot: HashMap<String, DateTime<Utc>>,
@@ -58,7 +59,48 @@ pub struct Watch {
     too_often_told: HashMap<String, DateTime<Utc>>,
 }
 
+/// The kinds of lapse the switch remembers telling, as the store keys them.
+const OVERDUE: &str = "expect/overdue/";
+const AT_LEAST: &str = "expect/at_least/";
+const TOO_OFTEN: &str = "expect/too_often/";
+
 impl Watch {
+    /// A watch that remembers what an earlier daemon on this state folder told.
+    pub fn load(engine: &Engine) -> Watch {
+        let read = |prefix: &str| -> HashMap<String, DateTime<Utc>> {
+            engine
+                .store
+                .owed(prefix)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|(k, v)| {
+                    let at = serde_json::from_slice(&v).ok()?;
+                    Some((k.strip_prefix(prefix)?.to_string(), at))
+                })
+                .collect()
+        };
+        Watch {
+            overdue_slot: read(OVERDUE),
+            at_least_told: read(AT_LEAST),
+            rate_looked: HashMap::new(),
+            too_often_told: read(TOO_OFTEN),
+        }
+    }
+
+    /// Notes that `what` was told for `workflow` at `at`, here and in the store.
+    fn told(
+        map: &mut HashMap<String, DateTime<Utc>>,
+        engine: &Engine,
+        what: &str,
+        workflow: &str,
+        at: DateTime<Utc>,
+    ) {
+        map.insert(workflow.to_string(), at);
+        let bytes = serde_json::to_vec(&at).unwrap_or_default();
+        if let Err(e) = engine.store.put_owed(&format!("{what}{workflow}"), &bytes) {
+            tracing::error!(workflow, "cannot keep what the dead-man's switch told: {e}");
+        }
+    }
     /// One look at every workflow with `[expect]` (and every schedule, for `too_often`).
     pub fn check(&mut self, engine: &Engine, config: &Config, now: DateTime<Utc>) {
         let rates = engine.alerts.wants(Event::TooOften);
@@ -135,7 +177,7 @@ impl Watch {
         if self.overdue_slot.get(&wf.id) == Some(&slot) || successes(engine, &wf.id, slot, 1)? > 0 {
             return Ok(());
         }
-        self.overdue_slot.insert(wf.id.clone(), slot);
+        Self::told(&mut self.overdue_slot, engine, OVERDUE, &wf.id, slot);
         engine.alerts.raise(Alert::new(
             Event::Overdue,
             &wf.id,
@@ -168,7 +210,7 @@ impl Watch {
         if ok >= count as usize {
             return Ok(());
         }
-        self.at_least_told.insert(wf.id.clone(), now);
+        Self::told(&mut self.at_least_told, engine, AT_LEAST, &wf.id, now);
         engine.alerts.raise(Alert::new(
             Event::Overdue,
             &wf.id,
@@ -207,7 +249,7 @@ impl Watch {
         if ran <= allowed || ran - missed()? <= allowed {
             return Ok(());
         }
-        self.too_often_told.insert(wf.id.clone(), now);
+        Self::told(&mut self.too_often_told, engine, TOO_OFTEN, &wf.id, now);
         engine.alerts.raise(Alert::new(
             Event::TooOften,
             &wf.id,

@@ -893,3 +893,41 @@ fn every_holds_across_a_restart() {
     );
     assert_eq!(alert_lines(&env, "sent").len(), 1);
 }
+
+/// The overdue slot already alerted is kept across a restart: the daemon started again
+/// inside the same slot does not tell it twice.
+#[test]
+fn an_overdue_slot_already_alerted_is_not_told_again_after_a_restart() {
+    let env = Env::new();
+    let sink = sink(&env, "alerts.jsonl", None);
+    // A short `every`, so only the switch's own memory can keep a second alert back.
+    webhook_settings(&env, &sink, "\"overdue\"", "every = \"1s\"\n");
+    env.workflow(
+        &Spec::new("late", "cat >/dev/null\nexit 1\n")
+            .trigger("schedule = { cron = \"*/20 * * * * *\", catchup = \"none\" }")
+            .tables("[expect]\nwithin = \"1s\"\n[retry]\nattempts = 1\n"),
+    );
+    let mut d = env.daemon(&[]);
+    wait_for("the first overdue alert", Duration::from_secs(45), || {
+        hooks(&sink, "overdue").len() == 1
+    });
+    d.stop(Duration::from_secs(10));
+    let d = env.daemon(&[]);
+    // Ready means the start-up look of the switch has been made.
+    wait_for(
+        "the restarted daemon ready",
+        Duration::from_secs(15),
+        || d.log_text().contains("steward daemon ready"),
+    );
+    // A repeat would be delivered within moments of the start-up look: watch for one
+    // for three seconds (a newer slot, 20 s on, may be told; the same one never).
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        let told = hooks(&sink, "overdue");
+        let slots: Vec<&str> = told.iter().filter_map(|h| h["message"].as_str()).collect();
+        let mut unique = slots.clone();
+        unique.dedup();
+        assert_eq!(slots.len(), unique.len(), "a slot told twice: {told:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

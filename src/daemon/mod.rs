@@ -281,7 +281,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
 /// The dead-man's switch: one look at start-up (then `expect_checked` is notified), one
 /// every [`crate::expect::EVERY`] after.
 async fn watch_expectations(shared: Arc<Shared>, stop: CancellationToken) {
-    let mut watch = crate::expect::Watch::default();
+    let mut watch = crate::expect::Watch::load(&shared.engine);
     let mut tick = tokio::time::interval(crate::expect::EVERY);
     loop {
         tokio::select! {
