@@ -93,7 +93,13 @@ pub fn missed_while_down(engine: &Engine, config: &Config, now: DateTime<Utc>) -
                 continue;
             }
         };
-        let missed = sched.fires_between(last, now);
+        // A slot whose jittered fire is still ahead is not missed: the schedule's task
+        // fires it at its time.
+        let missed: Vec<DateTime<Utc>> = sched
+            .fires_between(last, now)
+            .into_iter()
+            .filter(|s| sched.fire_at(*s) <= now)
+            .collect();
         let Some(&newest) = missed.last() else {
             continue;
         };

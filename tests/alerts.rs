@@ -931,3 +931,68 @@ fn an_overdue_slot_already_alerted_is_not_told_again_after_a_restart() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A daemon started after a slot but before its jittered fire runs that slot at its fire
+/// time, once, and `steward why` shows it fired (it was dropped before).
+#[test]
+fn a_slot_inside_its_jitter_delay_at_start_up_runs_once() {
+    use steward::trigger::schedule::{Schedule, ScheduleTrigger};
+    let env = Env::new();
+    // A name whose delay is 6–12 s of the 15 s jitter: time to start inside it.
+    let spec = |name: &str| -> Schedule {
+        Schedule::parse(&ScheduleTrigger {
+            cron: "*/30 * * * * *".into(),
+            timezone: None,
+            catchup: None,
+            catchup_window_s: None,
+            jitter: Some("15s".into()),
+        })
+        .unwrap()
+        .for_workflow(name)
+    };
+    let name = (0..500)
+        .map(|i| format!("jit{i}"))
+        .find(|n| (6..=12).contains(&spec(n).delay.as_secs()))
+        .unwrap();
+    let sched = spec(&name);
+    env.workflow(
+        &Spec::new(&name, "cat >/dev/null\necho '{}'\n")
+            .trigger("schedule = { cron = \"*/30 * * * * *\", jitter = \"15s\" }"),
+    );
+    // Wait until just after a slot, so the daemon starts inside its delay.
+    let slot = loop {
+        let now = chrono::Utc::now();
+        let s = sched.last_at_or_before(now).unwrap();
+        let into = (now - s).num_milliseconds();
+        if (100..1500).contains(&into) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _d = env.daemon(&[]);
+    assert!(
+        chrono::Utc::now() < sched.fire_at(slot),
+        "started too late to test"
+    );
+    wait_for("the slot's jittered run", Duration::from_secs(30), || {
+        !util::runs_of(&env, &name).is_empty()
+    });
+    let runs = util::runs_of(&env, &name);
+    let first = &runs[0];
+    let scheduled: chrono::DateTime<chrono::Utc> = first["trigger"]["scheduled_for"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(scheduled, slot, "{runs:#?}");
+    assert_eq!(
+        runs.iter()
+            .filter(|r| r["trigger"]["scheduled_for"] == first["trigger"]["scheduled_for"])
+            .count(),
+        1,
+        "{runs:#?}"
+    );
+    assert!(runs.iter().all(|r| r["state"] != "missed"), "{runs:#?}");
+    let why = env.steward(&["why", &name]);
+    assert!(why.stdout.contains("fired"), "{why}");
+}

@@ -257,7 +257,13 @@ pub async fn run(
             Some(l) if l > now => l, // the clock went backwards: wait for time to pass the last slot
             _ => now,
         };
-        let Some(slot) = schedule.next_after(from) else {
+        // A slot already passed whose jittered fire is still ahead (the daemon started,
+        // or the clock stands, inside its delay) fires at that time, once.
+        let inside_delay = (!schedule.delay.is_zero())
+            .then(|| schedule.last_at_or_before(now))
+            .flatten()
+            .filter(|s| schedule.fire_at(*s) > now && last.is_none_or(|l| *s > l));
+        let Some(slot) = inside_delay.or_else(|| schedule.next_after(from)) else {
             tracing::warn!("schedule has no further fires; its trigger stops");
             return;
         };
