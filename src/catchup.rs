@@ -238,6 +238,48 @@ pub fn after_pause(wf: &Workflow, since: DateTime<Utc>, now: DateTime<Utc>) -> V
     }
 }
 
+/// Where a resume taken without a daemon is kept until the next start.
+const RESUMED: &str = "resumed/";
+
+/// A resume taken with no daemon running: kept (durably) so the next daemon to start
+/// runs what the catch-up policy keeps of the slots skipped while paused.
+pub fn owe_resume(engine: &Engine, pause: &crate::store::Pause) -> crate::governed::Result<()> {
+    let bytes = serde_json::to_vec(pause).unwrap_or_default();
+    engine
+        .store
+        .put_owed(&format!("{RESUMED}{}", pause.workflow), &bytes)?;
+    engine.store.flush()?;
+    Ok(())
+}
+
+/// At start-up: the pauses lifted while no daemon ran, each with the slots its catch-up
+/// owes — those skipped while paused (recorded by the daemon that was running then, so
+/// not after the last slot it handled; later ones are [`missed_while_down`]'s). Taken
+/// out of the store as they are returned.
+pub fn resumed_while_down(
+    engine: &Engine,
+    config: &Config,
+    now: DateTime<Utc>,
+) -> Vec<(String, crate::store::Pause, Vec<DateTime<Utc>>)> {
+    let mut out = Vec::new();
+    for (key, bytes) in engine.store.owed(RESUMED).unwrap_or_default() {
+        let _ = engine.store.remove_owed(&key);
+        let Ok(pause) = serde_json::from_slice::<crate::store::Pause>(&bytes) else {
+            continue;
+        };
+        let Some(wf) = config.workflows.get(&pause.workflow) else {
+            continue;
+        };
+        let last = engine.store.last_slot(&wf.id).ok().flatten();
+        let slots: Vec<DateTime<Utc>> = after_pause(wf, pause.since, now)
+            .into_iter()
+            .filter(|s| last.is_none_or(|l| *s <= l))
+            .collect();
+        out.push((wf.id.clone(), pause, slots));
+    }
+    out
+}
+
 /// How far apart start-up catch-up runs start.
 pub fn stagger(config: &Config) -> Duration {
     config

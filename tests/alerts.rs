@@ -996,3 +996,52 @@ fn a_slot_inside_its_jitter_delay_at_start_up_runs_once() {
     let why = env.steward(&["why", &name]);
     assert!(why.stdout.contains("fired"), "{why}");
 }
+
+/// A `resume` taken while no daemon runs is honoured at the next start: the catch-up
+/// policy runs the newest slot skipped while paused (it ran nothing before).
+#[test]
+fn a_resume_taken_offline_catches_up_at_the_next_start() {
+    let env = Env::new();
+    env.workflow(&Spec::new("tick", "cat >/dev/null\necho '{}'\n").trigger(
+        "schedule = { cron = \"* * * * * *\", catchup = \"latest\", catchup_window_s = 3600 }",
+    ));
+    let mut d = env.daemon(&[]);
+    assert_eq!(env.steward(&["pause", "tick"]).code, 0);
+    let skipped = |env: &Env| {
+        util::runs_of(env, "tick")
+            .into_iter()
+            .filter(|r| r["state"] == "skipped")
+            .collect::<Vec<_>>()
+    };
+    wait_for(
+        "two slots skipped while paused",
+        Duration::from_secs(15),
+        || skipped(&env).len() >= 2,
+    );
+    d.stop(Duration::from_secs(10));
+    // No daemon: the CLI lifts the pause itself.
+    let resumed = env.steward(&["resume", "tick"]);
+    assert_eq!(resumed.code, 0, "{resumed}");
+    let _d = env.daemon(&[]);
+    wait_for(
+        "the catch-up run after the offline resume",
+        Duration::from_secs(20),
+        || {
+            util::runs_of(&env, "tick")
+                .iter()
+                .any(|r| r["trigger"]["after_pause"] == true && r["state"] == "success")
+        },
+    );
+    let caught: Vec<Value> = util::runs_of(&env, "tick")
+        .into_iter()
+        .filter(|r| r["trigger"]["after_pause"] == true)
+        .collect();
+    assert_eq!(caught.len(), 1, "{caught:#?}");
+    let slot = caught[0]["trigger"]["scheduled_for"].clone();
+    assert!(
+        skipped(&env)
+            .iter()
+            .any(|r| r["trigger"]["scheduled_for"] == slot),
+        "{slot}"
+    );
+}

@@ -172,6 +172,13 @@ impl crate::service::Daemon for Shared {
 
     fn catch_up_after_pause(&self, wf: &Arc<Workflow>, pause: &crate::store::Pause) {
         let slots = crate::catchup::after_pause(wf, pause.since, chrono::Utc::now());
+        self.catch_up_slots(wf, slots);
+    }
+}
+
+impl Shared {
+    /// Runs `slots` of `wf` one after the other, as catch-up after a pause.
+    pub fn catch_up_slots(&self, wf: &Arc<Workflow>, slots: Vec<chrono::DateTime<chrono::Utc>>) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };

@@ -448,6 +448,13 @@ impl Triggers {
     pub async fn catch_up_and_drain(&mut self) {
         let config = self.shared.config();
         let now = Utc::now();
+        // Pauses lifted while no daemon ran: their catch-up, as a resume here would run it.
+        for (id, _pause, slots) in catchup::resumed_while_down(&self.shared.engine, &config, now) {
+            if let Some(wf) = self.shared.workflow(&id) {
+                tracing::info!(workflow = %id, slots = slots.len(), "resumed while steward was not running: catching up what the pause skipped");
+                self.shared.catch_up_slots(&wf, slots);
+            }
+        }
         let owed = catchup::missed_while_down(&self.shared.engine, &config, now);
         // The same instant as the catch-up, so a marker it just wrote cannot expire.
         let plan = catchup::plan(&config, now);

@@ -184,8 +184,11 @@ pub(super) fn resume(service: &Service, workflow: &str) -> Handled {
     let config = service.config()?;
     let wf = service.workflow(&config, workflow)?;
     let pause = service.engine.resume(&wf.id)?;
-    if let Some(daemon) = &service.daemon {
-        daemon.catch_up_after_pause(&wf, &pause);
+    match &service.daemon {
+        Some(daemon) => daemon.catch_up_after_pause(&wf, &pause),
+        // No daemon runs now: the next one to start catches up (see
+        // [`crate::catchup::owe_resume`]).
+        None => crate::catchup::owe_resume(&service.engine, &pause)?,
     }
     Ok(Response::Resumed { pause })
 }
