@@ -1086,3 +1086,29 @@ async fn a_provider_error_is_passed_on_uncharged_and_log_bodies_keeps_prompt_and
     assert!(answer.contains("chatcmpl-standin"), "{answer}");
     cancel.cancel();
 }
+
+/// With no daemon, `steward run` answers itself: its runs call models through a gateway
+/// of the CLI's own process, metered the same way.
+#[test]
+fn without_a_daemon_steward_run_meters_through_a_gateway_of_its_own() {
+    let standin = stand_in(None);
+    let env = gateway_env(
+        "local",
+        "calls",
+        "max_tokens = 100000\nmax_tool_calls = 10\nmax_runtime_s = 60\nmax_cost_usd = 1.0\n",
+        &standin,
+        MINI,
+    );
+    let run = env.steward_env(
+        &["run", "local", "--json", "--live"],
+        &[
+            ("UPSTREAM_OPENAI", UPSTREAM_OPENAI),
+            ("UPSTREAM_ANTHROPIC", UPSTREAM_ANTHROPIC),
+        ],
+    );
+    assert_eq!(run.state(), "success", "{run}");
+    let rec = run.json();
+    assert_eq!(rec["figures"]["tokens"], 2 * (PROMPT + OUTPUT), "{rec:#}");
+    assert_eq!(rec["model_spend"]["calls"], 2, "{rec:#}");
+    assert_eq!(env.ledger_lines().len(), 1, "a live run commits once");
+}
