@@ -155,13 +155,7 @@ fn run(l: &Layout) -> (Value, BTreeMap<String, String>) {
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    let stderr = rec["stderr"]["run"].as_str().unwrap_or("").to_string();
-    let attempts = stderr
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .filter(|(_, v)| *v == "ok" || *v == "denied")
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let attempts = util::attempts(rec["stderr"]["run"].as_str().unwrap_or(""));
     (rec, attempts)
 }
 

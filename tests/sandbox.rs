@@ -113,13 +113,7 @@ fn attempt(
     assert_eq!(run.code, 0, "{run}");
     let rec = run.json();
     assert_eq!(rec["dry_run"], true, "{run}");
-    let stderr = rec["stderr"]["run"].as_str().unwrap_or("").to_string();
-    let attempts = stderr
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .filter(|(_, v)| *v == "ok" || *v == "denied")
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let attempts = util::attempts(rec["stderr"]["run"].as_str().unwrap_or(""));
     // The daemon is untouched: alive and answering.
     assert!(!util::process_gone(daemon.pid()), "the daemon died");
     assert_eq!(s.env.steward(&["status"]).code, 0);

@@ -834,3 +834,13 @@ pub fn promtool_check(text: &str) -> Result<(), String> {
         ))
     }
 }
+
+/// A hostile maker's attempts, from the `NAME=ok` / `NAME=denied` lines it wrote on stderr.
+pub fn attempts(stderr: &str) -> std::collections::BTreeMap<String, String> {
+    stderr
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(_, v)| *v == "ok" || *v == "denied")
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
