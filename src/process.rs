@@ -359,22 +359,8 @@ fn clone_and_exec(
         cgroup: cgroup.as_raw_fd() as u64,
         ..CloneArgs::default()
     };
-    // No signal handler may run in the child, which shares this memory: all signals are
-    // blocked around the clone (the child unblocks them once its handlers are reset).
-    // SAFETY: sigset_t is plain data, filled by sigfillset.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to sigsets on this stack.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
-    // SAFETY: the child runs `child_main` on `stack` while this thread is suspended
-    // (CLONE_VFORK) until it execs or exits; it reads `child`, which outlives the call,
-    // and writes only `child.errno`.
-    let pid = unsafe { clone3_vfork(&args, &mut child as *mut ChildPlan as *mut libc::c_void) };
-    // SAFETY: restores this thread's own mask.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    // SAFETY: `args` names `stack`, which outlives the call, and `child` is a valid plan.
+    let pid = unsafe { clone_child(&args, &mut child) };
     drop(stack);
     if pid < 0 {
         return Err(Clone3::Refused(io::Error::from_raw_os_error(-pid as i32)));
@@ -408,6 +394,60 @@ fn clone_and_exec(
             reaped: false,
         }),
     })
+}
+
+/// Clones the child: on a thread that carries its socket filter when one is idle (the
+/// child inherits the filter rather than installing it, see
+/// [`crate::sandbox::filtered`]), else on this one. Returns the child's pid, or -errno.
+///
+/// # Safety
+/// As [`clone3_vfork`].
+unsafe fn clone_child(args: &CloneArgs, child: &mut ChildPlan) -> isize {
+    if let Some(filter) = child.sandbox.filter() {
+        let own = child.sandbox;
+        child.sandbox = own.with_filter_inherited();
+        let mut job = (args as *const CloneArgs, child as *mut ChildPlan);
+        let on_filtered = crate::sandbox::filtered::call(
+            filter,
+            clone_job,
+            &mut job as *mut (*const CloneArgs, *mut ChildPlan) as *mut libc::c_void,
+        );
+        if let Some(pid) = on_filtered {
+            return pid;
+        }
+        child.sandbox = own;
+    }
+    clone_blocking_signals(args, child)
+}
+
+/// [`clone_blocking_signals`] as a job for another thread: `job` points to the pair of
+/// its arguments.
+///
+/// # Safety
+/// As [`clone3_vfork`], with `job` a valid `(*const CloneArgs, *mut ChildPlan)`.
+unsafe fn clone_job(job: *mut libc::c_void) -> isize {
+    let (args, child) = *(job as *const (*const CloneArgs, *mut ChildPlan));
+    clone_blocking_signals(&*args, &mut *child)
+}
+
+/// [`clone3_vfork`] with every signal blocked on this thread around it: no signal handler
+/// may run in the child, which shares this memory (the child unblocks them once its
+/// handlers are reset).
+///
+/// # Safety
+/// As [`clone3_vfork`].
+unsafe fn clone_blocking_signals(args: &CloneArgs, child: &mut ChildPlan) -> isize {
+    // sigset_t is plain data, filled by sigfillset.
+    let mut all: libc::sigset_t = std::mem::zeroed();
+    let mut old: libc::sigset_t = std::mem::zeroed();
+    libc::sigfillset(&mut all);
+    libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    // The child runs `child_main` on its stack while this thread is suspended
+    // (CLONE_VFORK) until it execs or exits; it reads `child`, which outlives the call,
+    // and writes only `child.errno`.
+    let pid = clone3_vfork(args, child as *mut ChildPlan as *mut libc::c_void);
+    libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    pid
 }
 
 /// Most cgroups a child joins for its caps (memory, pids, cpu).
@@ -552,8 +592,9 @@ unsafe extern "C" fn child_main(plan: *mut libc::c_void) -> ! {
     if join_cgroups(&plan.join).is_err() {
         fail(plan);
     }
-    // Last, so everything above is done unconfined; the exec is already confined.
-    if let Err(errno) = crate::sandbox::restrict_self(plan.sandbox) {
+    // Last, so everything above is done unconfined (but for a socket filter inherited from
+    // the cloning thread, which refuses only sockets); the exec is already confined.
+    if let Err(errno) = crate::sandbox::restrict_self(plan.sandbox, plan.cwd) {
         *libc::__errno_location() = errno;
         fail(plan);
     }

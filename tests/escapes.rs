@@ -35,6 +35,8 @@ try read-passwd cat /etc/passwd
 try write-outside sh -c 'echo owned > "$OUTSIDE/owned"'
 try tmp-fresh test ! -e /tmp/x
 try tmp-write sh -c 'echo "$STEWARD_RUN_ID" > /tmp/x && test "$(cat /tmp/x)" = "$STEWARD_RUN_ID"'
+try read-late-key grep -q . /etc/ssh/ssh_host_stewardtest_key
+try see-late-mount test -e "$LATE/fresh"
 echo '{"done": true}'
 "#;
 
@@ -44,6 +46,8 @@ struct Layout {
     config: PathBuf,
     state: PathBuf,
     outside: PathBuf,
+    /// Granted for reading; a mount is made over it while the daemon runs.
+    late: PathBuf,
 }
 
 /// BASE/maker.sh is the program, BASE/state the state folder beneath its folder.
@@ -56,7 +60,13 @@ fn layout(net: &str, udp_port: u16) -> Layout {
     let config = base.join("config");
     let state = base.join("state");
     let outside = base.join("outside");
-    for d in [config.join("workflows"), state.clone(), outside.clone()] {
+    let late = base.join("late");
+    for d in [
+        config.join("workflows"),
+        state.clone(),
+        outside.clone(),
+        late.clone(),
+    ] {
         std::fs::create_dir_all(d).unwrap();
     }
     std::fs::write(state.join("secret.txt"), "hunter2").unwrap();
@@ -88,13 +98,16 @@ command = ["{verify}"]
 UDP_PORT = "{udp_port}"
 STATE_BELOW = "{state}"
 OUTSIDE = "{outside}"
+LATE = "{late}"
 [sandbox]
 net = {net}
+read = ["{late}"]
 "#,
             maker = maker.display(),
             verify = verify.display(),
             state = state.display(),
             outside = outside.display(),
+            late = late.display(),
         ),
     )
     .unwrap();
@@ -104,6 +117,7 @@ net = {net}
         config,
         state,
         outside,
+        late,
     }
 }
 
@@ -127,10 +141,28 @@ impl Drop for Daemon {
     }
 }
 
-fn daemon(l: &Layout, namespace: bool) -> Daemon {
+/// How a confined step gets its mount namespace, if any.
+#[derive(Clone, Copy, PartialEq)]
+enum Road {
+    /// Made ahead by the daemon's pool, joined by the step (the usual road).
+    MadeAhead,
+    /// Made by the step's child itself, which installs its socket filter itself too (the
+    /// pool is empty, or turned off as here).
+    MadeInChild,
+    /// None (as where the kernel refuses steward one).
+    NoNamespace,
+}
+
+fn daemon(l: &Layout, road: Road) -> Daemon {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_steward"));
-    if !namespace {
-        cmd.env("STEWARD_SANDBOX_NAMESPACE", "0");
+    match road {
+        Road::MadeAhead => {}
+        Road::MadeInChild => {
+            cmd.env("STEWARD_SANDBOX_POOL", "0");
+        }
+        Road::NoNamespace => {
+            cmd.env("STEWARD_SANDBOX_NAMESPACE", "0");
+        }
     }
     cmd.arg("daemon")
         .env("STEWARD_CONFIG", &l.config)
@@ -159,6 +191,15 @@ fn run(l: &Layout) -> (Value, BTreeMap<String, String>) {
     (rec, attempts)
 }
 
+/// The names of the daemon's threads.
+fn threads(d: &Daemon) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(format!("/proc/{}/task", d.0.id()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_string())
+        .collect()
+}
+
 fn listener() -> UdpSocket {
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
     s.set_read_timeout(Some(Duration::from_millis(500)))
@@ -179,24 +220,31 @@ fn landlock_and_seccomp() -> bool {
 
 #[test]
 fn no_udp_no_state_below_the_program_no_shadow_no_write_outside_and_a_private_tmp() {
-    escapes_fail(true);
+    escapes_fail(Road::MadeAhead);
+}
+
+/// The same where the step's child makes its namespace itself.
+#[test]
+fn the_same_in_a_namespace_the_child_makes_itself() {
+    escapes_fail(Road::MadeInChild);
 }
 
 /// The other road: no mount namespace (as where the kernel refuses steward one). The
 /// secrets are fenced off by a Landlock layer instead of masked, and there is no /tmp.
 #[test]
 fn without_a_mount_namespace_the_secrets_are_fenced_off_and_tmp_is_denied() {
-    escapes_fail(false);
+    escapes_fail(Road::NoNamespace);
 }
 
-fn escapes_fail(namespace: bool) {
+fn escapes_fail(road: Road) {
+    let namespace = road != Road::NoNamespace;
     if !landlock_and_seccomp() {
         eprintln!("this kernel has no Landlock: nothing to test here");
         return;
     }
     let udp = listener();
     let l = layout("\"none\"", udp.local_addr().unwrap().port());
-    let _d = daemon(&l, namespace);
+    let d = daemon(&l, road);
 
     // validate says the program is granted alone, and why.
     let check = steward(&l, &["validate"]);
@@ -223,6 +271,24 @@ fn escapes_fail(namespace: bool) {
     };
     want("udp", "denied");
     assert_eq!(received(&udp), None, "a datagram got out");
+    // The road taken: the daemon's threads that make namespaces ahead and that carry the
+    // socket filter (used where steps are cloned into cgroups) exist unless turned off.
+    let threads = threads(&d);
+    let cloned_into_cgroups = matches!(
+        steward::containment::current(),
+        steward::containment::Containment::Cgroup(_)
+    );
+    let supported = steward::sandbox::tmp::supported().is_ok();
+    assert_eq!(
+        threads.contains("steward-mntns"),
+        road == Road::MadeAhead && supported,
+        "{threads:?}"
+    );
+    assert_eq!(
+        threads.contains("steward-seccomp"),
+        road != Road::MadeInChild && cloned_into_cgroups,
+        "{threads:?}"
+    );
     want("read-state", "denied");
     want("write-outside", "denied");
     assert!(!l.outside.join("owned").exists());
@@ -261,6 +327,90 @@ fn escapes_fail(namespace: bool) {
     }
 }
 
+/// Namespaces made ahead are copies of the host's mounts at the time, with the secrets
+/// of the time masked. A mount made, or an SSH host key written, once the daemon runs is
+/// seen as it is by the next step: the mount is there, the key masked.
+#[test]
+fn a_mount_or_a_secret_made_after_the_start_is_seen_by_the_next_step() {
+    let root = nix::unistd::geteuid().is_root();
+    if !landlock_and_seccomp() || !root || steward::sandbox::tmp::supported().is_err() {
+        eprintln!("needs root, Landlock and a mount namespace: nothing to test here");
+        return;
+    }
+    let l = layout("\"none\"", listener().local_addr().unwrap().port());
+    let _d = daemon(&l, Road::MadeAhead);
+    let (rec, before) = run(&l);
+    assert_eq!(rec["state"], "success", "{rec:#}");
+    assert_eq!(
+        before.get("see-late-mount").map(String::as_str),
+        Some("denied")
+    );
+
+    // Each change alone, so each is seen for itself.
+    let mut late = Late::mount(&l);
+    let (rec, after) = run(&l);
+    assert_eq!(
+        after.get("see-late-mount").map(String::as_str),
+        Some("ok"),
+        "{}",
+        rec["stderr"]["run"]
+    );
+    late.write_key();
+    let (rec, after) = run(&l);
+    assert_eq!(
+        after.get("read-late-key").map(String::as_str),
+        Some("denied"),
+        "{}",
+        rec["stderr"]["run"]
+    );
+}
+
+/// A tmpfs over the layout's `late` folder with a file in it, and a new SSH host key;
+/// both undone when dropped.
+struct Late {
+    mount: PathBuf,
+    key: PathBuf,
+    /// /etc/ssh, when it was made here.
+    made_ssh: Option<PathBuf>,
+}
+
+impl Late {
+    fn mount(l: &Layout) -> Late {
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "steward-test", &l.late.display().to_string()])
+            .status()
+            .unwrap();
+        assert!(mounted.success());
+        std::fs::write(l.late.join("fresh"), "made after the start").unwrap();
+        Late {
+            mount: l.late.clone(),
+            key: PathBuf::from("/etc/ssh/ssh_host_stewardtest_key"),
+            made_ssh: None,
+        }
+    }
+
+    fn write_key(&mut self) {
+        let ssh = self.key.parent().unwrap().to_path_buf();
+        if !ssh.exists() {
+            std::fs::create_dir(&ssh).unwrap();
+            self.made_ssh = Some(ssh);
+        }
+        std::fs::write(&self.key, "-----BEGIN OPENSSH PRIVATE KEY-----\n").unwrap();
+    }
+}
+
+impl Drop for Late {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.mount)
+            .status();
+        let _ = std::fs::remove_file(&self.key);
+        if let Some(ssh) = &self.made_ssh {
+            let _ = std::fs::remove_dir(ssh);
+        }
+    }
+}
+
 #[test]
 fn with_net_any_the_same_maker_can_send_udp() {
     if !landlock_and_seccomp() {
@@ -268,7 +418,7 @@ fn with_net_any_the_same_maker_can_send_udp() {
     }
     let udp = listener();
     let l = layout("\"any\"", udp.local_addr().unwrap().port());
-    let _d = daemon(&l, true);
+    let _d = daemon(&l, Road::MadeAhead);
     let (rec, attempts) = run(&l);
     assert_eq!(
         attempts.get("udp").map(String::as_str),

@@ -11,9 +11,13 @@
 //!
 //! Beside it: [`system`], a second Landlock layer that keeps `/etc`'s secrets from every
 //! step; [`net`], a seccomp filter for the sockets Landlock cannot see (UDP, raw,
-//! packet); [`tmp`], a private `/tmp` in a mount namespace of the step's own.
+//! packet); [`tmp`], a private `/tmp` in a mount namespace of the step's own. Made ahead,
+//! off a step's path: [`pool`], its namespaces; [`filtered`], threads that carry the
+//! filter for its child to inherit.
 
+pub mod filtered;
 pub mod net;
+pub mod pool;
 pub mod system;
 pub mod tmp;
 
@@ -156,6 +160,8 @@ pub struct Confinement {
     /// A mount namespace of its own (with `masks` covered), where the kernel allows it.
     namespace: bool,
     masks: &'static [system::Mask],
+    /// That namespace, made ahead (else the child makes it).
+    made_ahead: Option<pool::Ready>,
     /// `full` or `partial (no TCP rules)`: for the run record and the runlog.
     pub state: String,
     /// What the step may do over UDP, and where its `/tmp` is, in words.
@@ -177,8 +183,12 @@ impl std::fmt::Debug for Confinement {
 pub struct ChildConfinement {
     landlock: RawFd,
     system: RawFd,
-    seccomp: *const libc::sock_fprog,
+    seccomp: Option<&'static net::Filter>,
+    /// The filter is on already: the child was cloned from a thread that carries it.
+    seccomp_inherited: bool,
     namespace: bool,
+    /// A namespace made ahead to join (-1: the child makes its own).
+    made_ahead: RawFd,
     tmp: *const libc::c_char,
     masks: *const system::Mask,
     masks_len: usize,
@@ -193,15 +203,31 @@ impl ChildConfinement {
     pub const NONE: ChildConfinement = ChildConfinement {
         landlock: -1,
         system: -1,
-        seccomp: std::ptr::null(),
+        seccomp: None,
+        seccomp_inherited: false,
         namespace: false,
+        made_ahead: -1,
         tmp: std::ptr::null(),
         masks: std::ptr::null(),
         masks_len: 0,
     };
 
     pub fn is_none(&self) -> bool {
-        self.landlock < 0 && self.system < 0 && self.seccomp.is_null() && !self.namespace
+        self.landlock < 0 && self.system < 0 && self.seccomp.is_none() && !self.namespace
+    }
+
+    /// The socket filter the child must run under, if any.
+    pub fn filter(&self) -> Option<&'static net::Filter> {
+        self.seccomp
+    }
+
+    /// The same, for a child cloned from a thread that carries the filter already
+    /// ([`filtered`]): it does not install it again.
+    pub fn with_filter_inherited(self) -> ChildConfinement {
+        ChildConfinement {
+            seccomp_inherited: true,
+            ..self
+        }
     }
 }
 
@@ -211,8 +237,10 @@ impl Confinement {
         ChildConfinement {
             landlock: self.fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
             system: self.system,
-            seccomp: self.seccomp.map_or(std::ptr::null(), |f| &f.fprog),
+            seccomp: self.seccomp,
+            seccomp_inherited: false,
             namespace: self.namespace,
+            made_ahead: self.made_ahead.as_ref().map_or(-1, pool::Ready::fd),
             tmp: self.tmp.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()),
             masks: self.masks.as_ptr(),
             masks_len: self.masks.len(),
@@ -243,6 +271,7 @@ pub fn confine(policy: &Policy, require: bool) -> Result<Confinement, SandboxErr
     }
     let namespace = tmp::supported().is_ok();
     let masks = if namespace { system::masks() } else { &[] };
+    let made_ahead = if namespace { pool::take(masks) } else { None };
     let tmp = match (&policy.tmp, tmp::supported()) {
         (Some(dir), Ok(())) => {
             notes.push("private /tmp".into());
@@ -267,6 +296,7 @@ pub fn confine(policy: &Policy, require: bool) -> Result<Confinement, SandboxErr
             tmp,
             namespace,
             masks,
+            made_ahead,
             state: "off (no Landlock on this kernel)".into(),
             notes,
         });
@@ -339,25 +369,36 @@ pub fn confine(policy: &Policy, require: bool) -> Result<Confinement, SandboxErr
         tmp,
         namespace,
         masks,
+        made_ahead,
         state,
         notes,
     })
 }
 
 /// In a step's child, just before exec: its mount namespace (the secrets masked, its
-/// private `/tmp`), no new
-/// privileges (Landlock and seccomp require it, and a setuid program must not lift the
-/// confinement), the system layer, the step's ruleset, then the socket filter. Only
-/// system calls: this runs between clone and exec.
+/// private `/tmp`; one made ahead by [`pool`] when there is one), no new privileges
+/// (Landlock and seccomp require it, and a setuid program must not lift the confinement),
+/// the system layer, the step's ruleset, then the socket filter. Only system calls: this
+/// runs between clone and exec.
 ///
 /// # Safety
-/// Call only in a freshly cloned child, while the [`Confinement`] `c` came from lives.
-pub unsafe fn restrict_self(c: ChildConfinement) -> Result<(), i32> {
+/// Call only in a freshly cloned child that shares no filesystem context, while the
+/// [`Confinement`] `c` came from lives; `cwd` is the child's working folder (joining a
+/// namespace made ahead moves the child to its root), a NUL-terminated path.
+pub unsafe fn restrict_self(c: ChildConfinement, cwd: *const libc::c_char) -> Result<(), i32> {
     if c.is_none() {
         return Ok(());
     }
     let errno = || *libc::__errno_location();
-    if c.namespace && tmp::enter(c.tmp, c.masks, c.masks_len) == -1 {
+    // Joining moves the child to the namespace's root; only an absolute folder is
+    // found again from there.
+    let absolute = !cwd.is_null() && *cwd == b'/' as libc::c_char;
+    let entered = match (c.namespace, c.made_ahead) {
+        (false, _) => 0,
+        (true, ns) if ns >= 0 && absolute => pool::join(ns, cwd, c.tmp),
+        (true, _) => tmp::enter(c.tmp, c.masks, c.masks_len),
+    };
+    if entered == -1 {
         return Err(errno());
     }
     if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == -1 {
@@ -368,15 +409,16 @@ pub unsafe fn restrict_self(c: ChildConfinement) -> Result<(), i32> {
             return Err(errno());
         }
     }
-    if !c.seccomp.is_null()
-        && libc::syscall(
+    if let (Some(filter), false) = (c.seccomp, c.seccomp_inherited) {
+        let installed = libc::syscall(
             libc::SYS_seccomp,
             libc::SECCOMP_SET_MODE_FILTER,
             0u32,
-            c.seccomp,
-        ) == -1
-    {
-        return Err(errno());
+            &filter.fprog,
+        );
+        if installed == -1 {
+            return Err(errno());
+        }
     }
     Ok(())
 }

@@ -6,7 +6,8 @@
 //! (a filter cannot see where a datagram goes). `net = "any"` installs no filter.
 //!
 //! The filters (built with `seccompiler`, rust-vmm's) are made once and kept: the child
-//! only hands the kernel a pointer.
+//! only hands the kernel a pointer, or inherits the filter from the thread that cloned it
+//! (see [`super::filtered`]).
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -49,6 +50,12 @@ impl Net {
 pub struct Filter {
     _program: BpfProgram,
     pub fprog: libc::sock_fprog,
+}
+
+impl std::fmt::Debug for Filter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Filter({} instructions)", self.fprog.len)
+    }
 }
 
 // SAFETY: the program is never changed after it is built, and `fprog` points into it.

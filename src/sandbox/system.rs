@@ -14,8 +14,9 @@
 //!   allowed is what both allow. (It cannot serve beside a private `/tmp`: Landlock does
 //!   not see a folder's rules through a mount over it.)
 //!
-//! Both are computed once and kept; they are renewed when `/` or `/etc` changes (a rule
-//! holds an inode, so a file replaced by rename needs a fresh one).
+//! Both are computed once and kept; they are renewed when `/`, `/etc` or a folder of it
+//! that holds secrets changes (a rule holds an inode, so a file replaced by rename needs a
+//! fresh one).
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -148,12 +149,22 @@ fn existing_secrets(etc: &Path) -> Vec<Mask> {
         .collect()
 }
 
-/// When `/` and `/etc` last changed: what the kept lists and layer were made from.
-type Stamp = (Option<SystemTime>, Option<SystemTime>);
+/// When `/`, `/etc` and the folders of `/etc` that hold secrets last changed: what the
+/// kept lists and layer were made from.
+type Stamp = Vec<Option<SystemTime>>;
 
 fn changed() -> Stamp {
-    let m = |p: &str| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    (m("/"), m("/etc"))
+    let m = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let etc = Path::new("/etc");
+    // A new SSH host key changes /etc/ssh, not /etc.
+    let nested = SECRETS
+        .iter()
+        .filter_map(|s| s.split_once('/').map(|(folder, _)| folder))
+        .chain(["ssh"]);
+    [m(Path::new("/")), m(etc)]
+        .into_iter()
+        .chain(nested.map(|folder| m(&etc.join(folder))))
+        .collect()
 }
 
 type Built = (Stamp, OwnedFd);

@@ -102,6 +102,15 @@ pub unsafe fn enter(
             return -1;
         }
     }
+    mount_tmp(tmp)
+}
+
+/// In the child, in its own namespace: `tmp` (when not null) mounted over `/tmp`. 0, or
+/// -1 with errno set.
+///
+/// # Safety
+/// `tmp` is null or a NUL-terminated path.
+pub unsafe fn mount_tmp(tmp: *const libc::c_char) -> libc::c_int {
     if tmp.is_null() {
         return 0;
     }

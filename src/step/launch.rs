@@ -81,6 +81,12 @@ pub(super) fn spawn(
         .kill_on_drop(true);
     // A sandbox is applied between fork and exec, which posix_spawn cannot do.
     let join = join.to_vec();
+    let cwd_c = std::ffi::CString::new(cwd.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a NUL byte in the step's folder",
+        )
+    })?;
     let child = match RESERVED_FD3
         .get()
         .filter(|_| sandbox.is_none() && join.is_empty())
@@ -117,7 +123,7 @@ pub(super) fn spawn(
                     }
                     crate::process::join_cgroups(&join)
                         .map_err(std::io::Error::from_raw_os_error)?;
-                    crate::sandbox::restrict_self(sandbox)
+                    crate::sandbox::restrict_self(sandbox, cwd_c.as_ptr())
                         .map_err(std::io::Error::from_raw_os_error)
                 });
             }
