@@ -89,10 +89,14 @@ fn each_senders_delivery_runs_once_and_a_replay_or_redelivery_runs_nothing() {
         let (status, first) = send(&addr, format, secret, "delivery-1", now, &body);
         assert_eq!(status, 202, "{format}: {first}");
         let run_id = first["run_id"].as_str().unwrap().to_string();
+        // The ledger line is written by the commit step, before the run's record ends.
         wait_for(
-            &format!("{format}'s commit"),
+            &format!("{format}'s commit and the end of its run"),
             Duration::from_secs(30),
-            || committed(&env, format) == 1,
+            || {
+                committed(&env, format) == 1
+                    && runs_of(&env, format).first().is_some_and(|r| r["state"] != "running")
+            },
         );
         let run = &runs_of(&env, format)[0];
         assert_eq!(run["state"], "success", "{run:#}");
