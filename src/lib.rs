@@ -45,6 +45,7 @@ pub mod api;
 pub mod budget;
 pub mod catchup;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod containment;
 pub mod control;

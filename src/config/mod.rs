@@ -6,6 +6,7 @@
 
 pub mod agency;
 pub mod agent;
+pub mod cluster;
 pub mod dashboard;
 pub mod file;
 pub mod gateway;
@@ -195,6 +196,16 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
                     ));
                 }
                 errors.extend(notify_errors(&settings_file, &text.0, &s));
+                if let Some(Err(problems)) = s.cluster.as_ref().map(|c| c.check()) {
+                    for (key, problem) in problems {
+                        errors.push(ConfigError::at_key(
+                            &settings_file,
+                            &text.0,
+                            &format!("cluster.{key}"),
+                            format!("cluster.{key}: {problem}"),
+                        ));
+                    }
+                }
                 for (key, problem) in s.gateway.problems() {
                     let at = match key.as_str() {
                         "listen" => "gateway.listen".to_string(),

@@ -39,6 +39,10 @@ pub struct Settings {
     /// [`super::gateway`]).
     #[serde(default)]
     pub gateway: super::gateway::GatewaySettings,
+    /// `[cluster]`: several daemons sharing work through NATS JetStream (see
+    /// [`super::cluster`]); without it, sled in the state folder.
+    #[serde(default)]
+    pub cluster: Option<super::cluster::ClusterSettings>,
 }
 
 /// `[retention]` in steward.toml: run records beyond either limit are pruned, oldest

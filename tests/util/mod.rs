@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod nats;
+
 pub struct Env {
     pub dir: tempfile::TempDir,
     pub config: PathBuf,

@@ -1,0 +1,62 @@
+//! The cluster's buckets, by name and settings: every daemon makes them the same way, and
+//! the first to connect makes them.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv};
+
+use super::error::ClusterError;
+
+/// Slot claims: `WORKFLOW.SLOT` (the slot as Unix seconds). Kept a week: past that, the
+/// catch-up policy does not reach a slot.
+pub const SLOTS: &str = "steward_slots";
+/// Idempotency keys: `WORKFLOW.KEY` (see [`super::key_part`]).
+pub const KEYS: &str = "steward_keys";
+/// Heartbeats: one entry per live daemon, gone `heartbeat` after its last beat.
+pub const DAEMONS: &str = "steward_daemons";
+
+pub fn slots() -> kv::Config {
+    kv::Config {
+        bucket: SLOTS.into(),
+        description: "steward: schedule slots claimed, one daemon each".into(),
+        history: 1,
+        max_age: Duration::from_secs(7 * 24 * 3600),
+        ..Default::default()
+    }
+}
+
+pub fn keys() -> kv::Config {
+    kv::Config {
+        bucket: KEYS.into(),
+        description: "steward: idempotency keys, reserved and committed".into(),
+        history: 1,
+        ..Default::default()
+    }
+}
+
+pub fn daemons(heartbeat: Duration) -> kv::Config {
+    kv::Config {
+        bucket: DAEMONS.into(),
+        description: "steward: the daemons alive, by heartbeat".into(),
+        history: 1,
+        max_age: heartbeat,
+        storage: jetstream::stream::StorageType::Memory,
+        ..Default::default()
+    }
+}
+
+/// The bucket `config` names: opened, or made when it does not exist yet. Two daemons
+/// making it at once both end up with the one the server kept.
+pub async fn open(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, ClusterError> {
+    if let Ok(store) = js.get_key_value(config.bucket.clone()).await {
+        return Ok(store);
+    }
+    let name = config.bucket.clone();
+    match js.create_key_value(config).await {
+        Ok(store) => Ok(store),
+        Err(made) => js
+            .get_key_value(name.clone())
+            .await
+            .map_err(|_| ClusterError::Store(format!("cannot open or make bucket {name}: {made}"))),
+    }
+}

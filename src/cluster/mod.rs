@@ -1,0 +1,33 @@
+//! Several daemons, one set of workflows: the state they must agree on kept in a NATS
+//! JetStream server (`[cluster] nats = …`, see [`crate::config::cluster`]), through the
+//! `async-nats` client. No scheduler or election of steward's own: every decision that
+//! two daemons could race for is a compare-and-set the server settles.
+//!
+//! - [`slots`]: a schedule slot is claimed by creating its key (only if absent), so it
+//!   fires once cluster-wide; the claim's revision is the fencing token a commit checks.
+//! - [`keys`]: idempotency keys reserved, moved to committing and committed by
+//!   compare-and-set on revision; a gone daemon's keys whose commit had not begun are
+//!   released, those caught committing are left in doubt for an operator.
+//! - [`queue`]: queue items in a work-queue stream, pulled by every daemon, kept with
+//!   `+WPI` while run, redelivered after the ack wait, a late ack fenced, given up on
+//!   into a dead-letter stream after `max_attempts`.
+//! - [`heartbeat`]: each daemon's heartbeat in a bucket whose entries expire. Whether a
+//!   daemon is gone is decided by the server's clock alone, never by comparing two
+//!   machines' clocks.
+//!
+//! Buckets are made on first connection with fixed settings ([`buckets`]), so every daemon
+//! of a cluster finds the same ones.
+
+pub mod buckets;
+pub mod connection;
+pub mod error;
+pub mod heartbeat;
+pub mod keys;
+pub mod names;
+pub mod queue;
+pub mod slots;
+
+pub use crate::config::cluster::Cluster as Settings;
+pub use connection::Cluster;
+pub use error::ClusterError;
+pub use names::key_part;

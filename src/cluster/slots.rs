@@ -1,0 +1,117 @@
+//! Schedule slots, each fired once cluster-wide. Every daemon's scheduler sees the same
+//! slot come due; each tries to create the slot's key, and the server lets one create it.
+//! Not the `Nats-Msg-Id` dedup window: it forgets a message id once acknowledged
+//! (nats-server #2921, #5142), and a restart may fire a slot long after.
+//!
+//! The claim's revision is its fencing token. A claim is taken over only from a daemon
+//! that is gone, by compare-and-set on that revision; the commit of a run checks that its
+//! claim still stands ([`Cluster::holds`]), so a daemon that was only cut off, and comes
+//! back, does not commit a slot another daemon ran.
+
+use async_nats::jetstream::kv;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::connection::Cluster;
+use super::error::ClusterError;
+use super::names::key_part;
+
+/// Who holds a slot, as kept in the bucket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlotClaim {
+    pub workflow: String,
+    pub slot: DateTime<Utc>,
+    pub daemon: String,
+    pub claimed_at: DateTime<Utc>,
+}
+
+/// A slot this daemon holds: its key and the revision that fences it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub key: String,
+    pub revision: u64,
+}
+
+fn slot_key(workflow: &str, slot: DateTime<Utc>) -> String {
+    format!("{}.{}", key_part(workflow), slot.timestamp())
+}
+
+impl Cluster {
+    /// Claims `workflow`'s `slot` for this daemon: Some when it is ours to fire, None when
+    /// another daemon claimed it first.
+    pub async fn claim_slot(
+        &self,
+        workflow: &str,
+        slot: DateTime<Utc>,
+    ) -> Result<Option<Claim>, ClusterError> {
+        let key = slot_key(workflow, slot);
+        let claim = self.slot_claim(workflow, slot);
+        match self.slots.create(&key, claim.into()).await {
+            Ok(revision) => Ok(Some(Claim { key, revision })),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
+            Err(e) => Err(ClusterError::store(e)),
+        }
+    }
+
+    /// Who holds `workflow`'s `slot`, and at which revision.
+    pub async fn slot_holder(
+        &self,
+        workflow: &str,
+        slot: DateTime<Utc>,
+    ) -> Result<Option<(SlotClaim, u64)>, ClusterError> {
+        let key = slot_key(workflow, slot);
+        let Some(entry) = self.slots.entry(&key).await.map_err(ClusterError::store)? else {
+            return Ok(None);
+        };
+        if entry.operation != kv::Operation::Put {
+            return Ok(None);
+        }
+        let claim = serde_json::from_slice(&entry.value).map_err(|e| ClusterError::Corrupt {
+            bucket: super::buckets::SLOTS,
+            key: key.clone(),
+            why: e.to_string(),
+        })?;
+        Ok(Some((claim, entry.revision)))
+    }
+
+    /// Takes over `workflow`'s `slot` from a gone daemon that held it at `revision`: Some
+    /// when this daemon now holds it, None when another took it over first.
+    pub async fn take_over_slot(
+        &self,
+        workflow: &str,
+        slot: DateTime<Utc>,
+        revision: u64,
+    ) -> Result<Option<Claim>, ClusterError> {
+        let key = slot_key(workflow, slot);
+        let claim = self.slot_claim(workflow, slot);
+        match self.slots.update(&key, claim.into(), revision).await {
+            Ok(revision) => Ok(Some(Claim { key, revision })),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(e) => Err(ClusterError::store(e)),
+        }
+    }
+
+    /// Whether `claim` still stands: nobody took the slot over since. A commit checks it
+    /// first.
+    pub async fn holds(&self, claim: &Claim) -> Result<bool, ClusterError> {
+        let entry = self
+            .slots
+            .entry(&claim.key)
+            .await
+            .map_err(ClusterError::store)?;
+        Ok(
+            entry
+                .is_some_and(|e| e.revision == claim.revision && e.operation == kv::Operation::Put),
+        )
+    }
+
+    fn slot_claim(&self, workflow: &str, slot: DateTime<Utc>) -> Vec<u8> {
+        let claim = SlotClaim {
+            workflow: workflow.to_string(),
+            slot,
+            daemon: self.daemon.clone(),
+            claimed_at: Utc::now(),
+        };
+        serde_json::to_vec(&claim).unwrap_or_default()
+    }
+}

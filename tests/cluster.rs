@@ -1,0 +1,337 @@
+//! The cluster's rules against a real `nats-server -js` (see `util::nats`), with several
+//! daemons' connections in one test process: a slot claimed once of three racing, a
+//! claim taken over only from a gone daemon and fencing the first, keys reserved once,
+//! and a gone daemon's keys freed or put in doubt once its heartbeat expires on the
+//! server. The real daemons' tests build on these.
+
+mod util;
+
+use std::time::{Duration, Instant};
+
+use chrono::{TimeZone, Utc};
+use steward::cluster::Cluster;
+use steward::config::cluster::ClusterSettings;
+use steward::store::KeyPhase;
+use util::nats::NatsServer;
+
+async fn daemon(server: &NatsServer, name: &str, heartbeat: &str) -> Cluster {
+    daemon_with(server, name, heartbeat, "30s").await
+}
+
+async fn daemon_with(server: &NatsServer, name: &str, heartbeat: &str, ack_wait: &str) -> Cluster {
+    let settings = ClusterSettings {
+        nats: server.url(),
+        heartbeat: Some(heartbeat.into()),
+        ack_wait: Some(ack_wait.into()),
+        ..Default::default()
+    }
+    .check()
+    .unwrap();
+    Cluster::connect(&settings, name.to_string())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()))
+}
+
+async fn beat(c: &Cluster) {
+    let now = Utc::now();
+    c.beat(&steward::cluster::heartbeat::Beat {
+        daemon: c.daemon.clone(),
+        host: "test".into(),
+        pid: 1,
+        started_at: now,
+        at: now,
+        runs_in_flight: 0,
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_slot_is_claimed_by_exactly_one_of_three_daemons() {
+    let server = NatsServer::start();
+    let mut daemons = Vec::new();
+    for name in ["a", "b", "c"] {
+        daemons.push(daemon(&server, name, "5s").await);
+    }
+    let first = Utc.with_ymd_and_hms(2026, 12, 5, 10, 0, 0).unwrap();
+    let mut won = [0usize; 3];
+    for s in 0..60 {
+        let slot = first + chrono::Duration::seconds(s);
+        let claims =
+            futures_util::future::join_all(daemons.iter().map(|d| d.claim_slot("tick", slot)))
+                .await;
+        let winners: Vec<usize> = claims
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.unwrap().map(|_| i))
+            .collect();
+        assert_eq!(winners.len(), 1, "slot {slot}: {winners:?}");
+        won[winners[0]] += 1;
+        // A later try (a restart, a catch-up) finds it claimed.
+        for d in &daemons {
+            assert_eq!(d.claim_slot("tick", slot).await.unwrap(), None);
+        }
+    }
+    assert_eq!(won.iter().sum::<usize>(), 60);
+    // Another workflow's slot at the same time is its own.
+    assert!(daemons[0]
+        .claim_slot("tock", first)
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_taken_over_from_a_gone_daemon_fences_the_first() {
+    let server = NatsServer::start();
+    let a = daemon(&server, "a", "5s").await;
+    let b = daemon(&server, "b", "5s").await;
+    let c = daemon(&server, "c", "5s").await;
+    let slot = Utc.with_ymd_and_hms(2026, 12, 5, 10, 0, 0).unwrap();
+    let claim_a = a.claim_slot("tick", slot).await.unwrap().unwrap();
+    assert!(a.holds(&claim_a).await.unwrap());
+    let (holder, revision) = b.slot_holder("tick", slot).await.unwrap().unwrap();
+    assert_eq!(holder.daemon, "a");
+    assert_eq!(revision, claim_a.revision);
+    // a never beat: it is gone, and b takes the slot over at a's revision.
+    assert!(!b.is_alive("a").await.unwrap());
+    let claim_b = b
+        .take_over_slot("tick", slot, revision)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!a.holds(&claim_a).await.unwrap(), "a's claim still stands");
+    assert!(b.holds(&claim_b).await.unwrap());
+    // c, too late with the same revision, does not get it.
+    assert_eq!(
+        c.take_over_slot("tick", slot, revision).await.unwrap(),
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_reserved_once_and_moves_only_at_its_revision() {
+    let server = NatsServer::start();
+    let a = daemon(&server, "a", "5s").await;
+    let b = daemon(&server, "b", "5s").await;
+    let lease = a
+        .reserve_key("fetch", "item/1 ü", "run-a")
+        .await
+        .unwrap()
+        .unwrap();
+    let taken = b
+        .reserve_key("fetch", "item/1 ü", "run-b")
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        (taken.daemon.as_str(), taken.record.run_id.as_str()),
+        ("a", "run-a")
+    );
+    let committing = a
+        .advance_key(&lease, "run-a", KeyPhase::Committing)
+        .await
+        .unwrap()
+        .unwrap();
+    // The old lease is stale now: its revision moved on.
+    let stale = a
+        .advance_key(&lease, "run-a", KeyPhase::Committed)
+        .await
+        .unwrap();
+    assert_eq!(
+        stale.unwrap_err().now.unwrap().record.phase,
+        KeyPhase::Committing
+    );
+    a.advance_key(&committing, "run-a", KeyPhase::Committed)
+        .await
+        .unwrap()
+        .unwrap();
+    let (held, _) = b.held_key("fetch", "item/1 ü").await.unwrap().unwrap();
+    assert_eq!(held.record.phase, KeyPhase::Committed);
+    assert_eq!(held.record.key, "item/1 ü");
+    // A released key may be reserved again.
+    let other = a
+        .reserve_key("fetch", "item/2", "run-a2")
+        .await
+        .unwrap()
+        .unwrap();
+    a.release_key(&other).await.unwrap().unwrap();
+    assert!(b
+        .reserve_key("fetch", "item/2", "run-b2")
+        .await
+        .unwrap()
+        .is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_daemons_unstarted_commits_are_released_and_started_ones_left_in_doubt() {
+    let server = NatsServer::start();
+    let a = daemon(&server, "a", "1s").await;
+    let b = daemon(&server, "b", "1s").await;
+    beat(&a).await;
+    beat(&b).await;
+    let reserved = a
+        .reserve_key("fetch", "k1", "run-1")
+        .await
+        .unwrap()
+        .unwrap();
+    let started = a
+        .reserve_key("fetch", "k2", "run-2")
+        .await
+        .unwrap()
+        .unwrap();
+    a.advance_key(&started, "run-2", KeyPhase::Committing)
+        .await
+        .unwrap()
+        .unwrap();
+    // While a beats, b frees nothing of a's.
+    assert_eq!(b.reap_gone().await.unwrap(), Default::default());
+
+    // a stops beating: the server drops its entry after the heartbeat (1 s).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a_alive(&b).await {
+        assert!(Instant::now() < deadline, "a's heartbeat never expired");
+        beat(&b).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    beat(&b).await;
+    let reaped = b.reap_gone().await.unwrap();
+    let keys = |list: &[steward::store::KeyRecord]| -> Vec<String> {
+        list.iter().map(|r| r.key.clone()).collect()
+    };
+    assert_eq!(keys(&reaped.released), ["k1"]);
+    assert_eq!(keys(&reaped.in_doubt), ["k2"]);
+    assert_eq!(keys(&b.keys_in_doubt().await.unwrap()), ["k2"]);
+    let doubt = &reaped.in_doubt[0];
+    assert_eq!(doubt.found_in, Some(KeyPhase::Committing));
+    // Reaping again changes nothing.
+    assert_eq!(b.reap_gone().await.unwrap(), Default::default());
+    // a, back, is fenced from both keys; the freed one runs again elsewhere.
+    assert!(a
+        .advance_key(&reserved, "run-1", KeyPhase::Committing)
+        .await
+        .unwrap()
+        .is_err());
+    assert!(b
+        .reserve_key("fetch", "k1", "run-1b")
+        .await
+        .unwrap()
+        .is_ok());
+}
+
+async fn a_alive(b: &Cluster) -> bool {
+    b.is_alive("a").await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_queue_item_goes_to_one_of_three_daemons_and_is_acked_once() {
+    let server = NatsServer::start();
+    let mut pullers = Vec::new();
+    let mut daemons = Vec::new();
+    for name in ["a", "b", "c"] {
+        let d = daemon(&server, name, "5s").await;
+        pullers.push(d.puller("inbox", 3).await.unwrap());
+        daemons.push(d);
+    }
+    for i in 0..100 {
+        daemons[i % 3]
+            .enqueue(
+                "inbox",
+                &format!("item-{i}"),
+                format!("{{\"n\": {i}}}").into_bytes(),
+            )
+            .await
+            .unwrap();
+    }
+    // Another queue's items are not pulled here.
+    daemons[0]
+        .enqueue("other", "x", b"{}".to_vec())
+        .await
+        .unwrap();
+    let pulls = pullers.into_iter().map(|mut p| {
+        tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(d) = p.next(Duration::from_millis(500)).await.unwrap() {
+                assert_eq!(d.attempt, 1);
+                got.push(d.item_id.clone());
+                assert!(d.ack().await.unwrap(), "a first delivery's ack was fenced");
+            }
+            got
+        })
+    });
+    let mut all: Vec<String> = Vec::new();
+    for got in futures_util::future::join_all(pulls).await {
+        all.extend(got.unwrap());
+    }
+    all.sort();
+    let mut want: Vec<String> = (0..100).map(|i| format!("item-{i}")).collect();
+    want.sort();
+    assert_eq!(all, want, "each item once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_held_past_its_ack_wait_goes_to_another_daemon_and_the_late_ack_is_fenced() {
+    let server = NatsServer::start();
+    let a = daemon_with(&server, "a", "5s", "1s").await;
+    let b = daemon_with(&server, "b", "5s", "1s").await;
+    let mut pa = a.puller("inbox", 5).await.unwrap();
+    let mut pb = b.puller("inbox", 5).await.unwrap();
+    a.enqueue("inbox", "only", b"{}".to_vec()).await.unwrap();
+    let first = pa.next(Duration::from_secs(5)).await.unwrap().unwrap();
+    assert_eq!(first.attempt, 1);
+    // a stalls past the ack wait; the server hands the item to b.
+    let second = pb
+        .next(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("no redelivery");
+    assert_eq!((second.item_id.as_str(), second.attempt), ("only", 2));
+    assert!(!first.current().await.unwrap());
+    assert!(!first.ack().await.unwrap(), "a's late ack went through");
+    assert!(second.ack().await.unwrap());
+    // Acknowledged by b: it never comes again.
+    assert!(pa.next(Duration::from_secs(2)).await.unwrap().is_none());
+    assert!(pb.next(Duration::from_millis(200)).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_in_progress_keeps_its_item_past_the_ack_wait() {
+    let server = NatsServer::start();
+    let a = daemon_with(&server, "a", "5s", "1s").await;
+    let b = daemon_with(&server, "b", "5s", "1s").await;
+    let mut pa = a.puller("inbox", 5).await.unwrap();
+    let mut pb = b.puller("inbox", 5).await.unwrap();
+    a.enqueue("inbox", "long", b"{}".to_vec()).await.unwrap();
+    let held = pa.next(Duration::from_secs(5)).await.unwrap().unwrap();
+    // Three ack waits long, with +WPI a third of one apart: b never gets it.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        held.in_progress().await.unwrap();
+        assert!(pb.next(Duration::from_millis(300)).await.unwrap().is_none());
+    }
+    assert!(held.ack().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_past_its_attempts_goes_to_the_dead_letter_stream_with_its_context() {
+    let server = NatsServer::start();
+    let a = daemon_with(&server, "a", "5s", "1s").await;
+    let mut pa = a.puller("inbox", 2).await.unwrap();
+    a.enqueue("inbox", "poison", b"{\"bad\": true}".to_vec())
+        .await
+        .unwrap();
+    for attempt in 1..=2 {
+        let d = pa.next(Duration::from_secs(5)).await.unwrap().unwrap();
+        assert_eq!(d.attempt, attempt);
+        d.retry(Duration::ZERO).await.unwrap();
+    }
+    // The third delivery is past max_attempts: dead-lettered, not handed out.
+    assert!(pa.next(Duration::from_secs(2)).await.unwrap().is_none());
+    let dead = a.dead_items("inbox").await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].item_id, "poison");
+    assert_eq!(dead[0].attempts, 2);
+    assert_eq!(dead[0].last_daemon, "a");
+    assert_eq!(dead[0].payload, b"{\"bad\": true}");
+    assert!(pa.next(Duration::from_secs(2)).await.unwrap().is_none());
+}
