@@ -114,6 +114,8 @@ async fn a_key_is_reserved_once_and_moves_only_at_its_revision() {
     let server = NatsServer::start();
     let a = daemon(&server, "a", "5s").await;
     let b = daemon(&server, "b", "5s").await;
+    beat(&a).await;
+    beat(&b).await;
     let lease = a
         .reserve_key("fetch", "item/1 ü", "run-a")
         .await
@@ -217,6 +219,47 @@ async fn a_gone_daemons_unstarted_commits_are_released_and_started_ones_left_in_
         .await
         .unwrap()
         .is_ok());
+}
+
+/// An item redelivered before the reaper came round: the gone daemon's reservation is
+/// freed on the spot; a live daemon's, or a commit begun, is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reserved_by_a_gone_daemon_is_taken_over_at_once_unless_its_commit_began() {
+    let server = NatsServer::start();
+    let a = daemon(&server, "a", "5s").await;
+    let b = daemon(&server, "b", "5s").await;
+    beat(&b).await;
+    // a never beat: gone.
+    let stale = a.reserve_key("fetch", "k", "run-a").await.unwrap().unwrap();
+    let begun = a
+        .reserve_key("fetch", "k2", "run-a2")
+        .await
+        .unwrap()
+        .unwrap();
+    a.advance_key(&begun, "run-a2", KeyPhase::Committing)
+        .await
+        .unwrap()
+        .unwrap();
+    let lease = b.reserve_key("fetch", "k", "run-b").await.unwrap().unwrap();
+    assert_eq!(
+        b.held_key("fetch", "k").await.unwrap().unwrap().0.daemon,
+        "b"
+    );
+    assert!(a
+        .advance_key(&stale, "run-a", KeyPhase::Committing)
+        .await
+        .unwrap()
+        .is_err());
+    let held = b
+        .reserve_key("fetch", "k2", "run-b2")
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(held.record.phase, KeyPhase::Committing);
+    // b is alive: a third daemon does not take b's key.
+    let c = daemon(&server, "c", "5s").await;
+    assert!(c.reserve_key("fetch", "k", "run-c").await.unwrap().is_err());
+    b.release_key(&lease).await.unwrap().unwrap();
 }
 
 async fn a_alive(b: &Cluster) -> bool {
@@ -334,4 +377,182 @@ async fn an_item_past_its_attempts_goes_to_the_dead_letter_stream_with_its_conte
     assert_eq!(dead[0].last_daemon, "a");
     assert_eq!(dead[0].payload, b"{\"bad\": true}");
     assert!(pa.next(Duration::from_secs(2)).await.unwrap().is_none());
+}
+
+// ---- real daemons -------------------------------------------------------------------
+
+/// Three daemons on one config folder (the first `Env`'s), each with a state folder of
+/// its own, on `server`. Each state folder approves the live workflows (approvals are
+/// still kept per daemon).
+struct Three {
+    env: util::Env,
+    views: Vec<util::Env>,
+    daemons: Vec<util::Daemon>,
+}
+
+fn three(server: &NatsServer, workflows: &[util::Spec]) -> Three {
+    let env = util::Env::new();
+    std::fs::write(
+        env.config.join("steward.toml"),
+        format!(
+            "[cluster]\nnats = \"{}\"\nack_wait = \"5s\"\nheartbeat = \"2s\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    for w in workflows {
+        env.workflow(w);
+    }
+    let views: Vec<util::Env> = (0..3)
+        .map(|i| util::Env {
+            dir: tempfile::tempdir().unwrap(),
+            config: env.config.clone(),
+            state: env.path(&format!("state-{i}")),
+        })
+        .collect();
+    for view in &views {
+        for w in workflows {
+            let out = view.steward(&["go-live", &w.id]);
+            assert_eq!(out.code, 0, "{out}");
+        }
+    }
+    let daemons = views.iter().map(|v| v.daemon(&[])).collect();
+    Three {
+        env,
+        views,
+        daemons,
+    }
+}
+
+impl Three {
+    /// What every commit saw on its stdin (the run's context), from the marks folder.
+    fn commits(&self) -> Vec<serde_json::Value> {
+        std::fs::read_dir(self.env.path("commits"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| std::fs::read(e.path()).ok())
+                    .filter_map(|b| serde_json::from_slice(&b).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn logs(&self) -> String {
+        self.daemons
+            .iter()
+            .map(|d| d.log_text())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    }
+}
+
+/// A commit that keeps its context as `MARKS/commits/RUN_ID.json` (written whole, then
+/// renamed, so a reader never sees half of one).
+const KEEP_CONTEXT: &str = "mkdir -p \"$MARKS/commits\"\ncat > \"$MARKS/commits/.$STEWARD_RUN_ID\"\nmv \"$MARKS/commits/.$STEWARD_RUN_ID\" \"$MARKS/commits/$STEWARD_RUN_ID.json\"\n";
+
+fn counts(values: impl Iterator<Item = String>) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for v in values {
+        *out.entry(v).or_insert(0) += 1;
+    }
+    out
+}
+
+#[test]
+fn sixty_one_second_slots_run_once_each_across_three_daemons() {
+    let server = NatsServer::start();
+    let mut tick = util::Spec::new("tick", "cat >/dev/null\necho '{}'\n")
+        .trigger("schedule = { cron = \"* * * * * *\" }")
+        .key("{{ trigger.scheduled_for }}");
+    tick.commit = Some(KEEP_CONTEXT.into());
+    let three = three(&server, &[tick]);
+    let first = std::time::Instant::now();
+    util::wait_for("60 committed slots", Duration::from_secs(120), || {
+        three.commits().len() >= 60
+    });
+    let elapsed = first.elapsed();
+    // Past the 60th: let a slot that fired twice show itself.
+    std::thread::sleep(Duration::from_secs(2));
+    let slots = counts(three.commits().iter().map(|c| {
+        c["trigger"]["scheduled_for"]
+            .as_str()
+            .unwrap_or("none")
+            .to_string()
+    }));
+    let twice: Vec<_> = slots.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "slots committed twice: {twice:?}\n{}",
+        three.logs()
+    );
+    assert!(!slots.contains_key("none"), "{slots:?}");
+    // Every second had its run: no gaps between the first and the last slot.
+    let times: Vec<chrono::DateTime<chrono::Utc>> =
+        slots.keys().map(|s| s.parse().unwrap()).collect();
+    let span = (*times.last().unwrap() - times[0]).num_seconds() + 1;
+    assert_eq!(
+        span as usize,
+        times.len(),
+        "a slot was skipped in {times:?} ({elapsed:?})"
+    );
+    // Each slot was run by one daemon, once: the others never started a run for it (the
+    // claim, not only the key, kept them off). More than one daemon did the work.
+    let mut runs = Vec::new();
+    let mut runners = 0;
+    for view in &three.views {
+        let out = view.steward(&["runs", "-w", "tick", "-n", "1000", "--json"]);
+        let mine: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
+        runners += usize::from(!mine.is_empty());
+        runs.extend(mine);
+    }
+    let ran = counts(runs.iter().map(|r| {
+        r["trigger"]["scheduled_for"]
+            .as_str()
+            .unwrap_or("none")
+            .to_string()
+    }));
+    let again: Vec<_> = ran.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(again.is_empty(), "slots run more than once: {again:?}");
+    assert!(runners >= 2, "one daemon ran every slot\n{}", three.logs());
+}
+
+#[test]
+fn a_thousand_queue_items_each_commit_once_across_three_daemons() {
+    let server = NatsServer::start();
+    let mut work = util::Spec::new("work", "cat >/dev/null\necho '{}'\n")
+        .trigger("queue = \"jobs\"")
+        .key("{{ trigger.payload.n }}");
+    work.commit = Some(KEEP_CONTEXT.into());
+    let three = three(&server, &[work]);
+    // Enqueued through each daemon's socket, eight at a time.
+    let total = 1000;
+    std::thread::scope(|s| {
+        for lane in 0..8 {
+            let views = &three.views;
+            s.spawn(move || {
+                for n in (lane..total).step_by(8) {
+                    let out = views[n % 3].steward(&[
+                        "enqueue",
+                        "jobs",
+                        "--payload",
+                        &format!("{{\"n\": {n}}}"),
+                    ]);
+                    assert_eq!(out.code, 0, "{out}");
+                }
+            });
+        }
+    });
+    util::wait_for("1,000 commits", Duration::from_secs(240), || {
+        three.commits().len() >= total
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let items = counts(
+        three
+            .commits()
+            .iter()
+            .map(|c| c["trigger"]["payload"]["n"].to_string()),
+    );
+    assert_eq!(items.len(), total, "{}", three.logs());
+    let twice: Vec<_> = items.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "items committed twice: {twice:?}");
 }

@@ -95,7 +95,9 @@ fn each_senders_delivery_runs_once_and_a_replay_or_redelivery_runs_nothing() {
             Duration::from_secs(30),
             || {
                 committed(&env, format) == 1
-                    && runs_of(&env, format).first().is_some_and(|r| r["state"] != "running")
+                    && runs_of(&env, format)
+                        .first()
+                        .is_some_and(|r| r["state"] != "running")
             },
         );
         let run = &runs_of(&env, format)[0];

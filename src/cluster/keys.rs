@@ -3,7 +3,8 @@
 //! each key marked with the daemon that holds it.
 //!
 //! - Reserve: create the key (only if absent). Of two daemons running the same item, one
-//!   reserves; the other finds the key taken.
+//!   reserves; the other finds the key taken — unless the holder is gone and had not
+//!   begun its commit: then the key is freed at its revision and reserved anew.
 //! - Move (committing, committed, awaiting approval): update at the revision this daemon
 //!   last wrote. A daemon whose key was freed or taken meanwhile is *fenced*: it learns so
 //!   before its commit, and does not commit.
@@ -74,6 +75,34 @@ impl Cluster {
             })),
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
                 match self.held_key(workflow, key).await? {
+                    // Reserved by a daemon that is gone (its item came back to us sooner
+                    // than the reaper came round): freed now, at its revision, and ours.
+                    Some((now, revision))
+                        if now.record.phase == KeyPhase::Reserved
+                            && now.daemon != self.daemon
+                            && !self.is_alive(&now.daemon).await? =>
+                    {
+                        if self
+                            .keys
+                            .delete_expect_revision(&id, Some(revision))
+                            .await
+                            .is_err()
+                        {
+                            return Ok(Err(now));
+                        }
+                        match self.keys.create(&id, encode(&held)?).await {
+                            Ok(revision) => Ok(Ok(Lease {
+                                workflow: workflow.to_string(),
+                                key: key.to_string(),
+                                revision,
+                            })),
+                            Err(_) => Ok(Err(self
+                                .held_key(workflow, key)
+                                .await?
+                                .map(|(h, _)| h)
+                                .unwrap_or(held))),
+                        }
+                    }
                     Some((now, _)) => Ok(Err(now)),
                     // Freed between the create and the read: the caller may try again.
                     None => Ok(Err(held)),

@@ -18,16 +18,20 @@
 //! Buckets are made on first connection with fixed settings ([`buckets`]), so every daemon
 //! of a cluster finds the same ones.
 
+pub mod bridge;
 pub mod buckets;
 pub mod connection;
 pub mod error;
 pub mod heartbeat;
 pub mod keys;
+pub mod member;
 pub mod names;
 pub mod queue;
 pub mod slots;
+pub mod store;
 
 pub use crate::config::cluster::Cluster as Settings;
 pub use connection::Cluster;
 pub use error::ClusterError;
+pub use member::Member;
 pub use names::key_part;

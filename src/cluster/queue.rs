@@ -345,7 +345,7 @@ impl Delivery {
     /// Acknowledges the item (its run ended: committed, or settled otherwise), unless a
     /// later delivery superseded this one: then false, and the item is left to the daemon
     /// that has it now.
-    pub async fn ack(self) -> Result<bool, ClusterError> {
+    pub async fn ack(&self) -> Result<bool, ClusterError> {
         if !self.current().await? {
             return Ok(false);
         }
@@ -358,9 +358,17 @@ impl Delivery {
     }
 
     /// Hands the item back for another delivery after `delay` (a retryable failure).
-    pub async fn retry(self, delay: Duration) -> Result<(), ClusterError> {
+    pub async fn retry(&self, delay: Duration) -> Result<(), ClusterError> {
         self.message
             .ack_with(AckKind::Nak(Some(delay)))
+            .await
+            .map_err(ClusterError::store)
+    }
+
+    /// Takes an item that cannot be run (its payload is not JSON) off the queue for good.
+    pub async fn reject(&self) -> Result<(), ClusterError> {
+        self.message
+            .ack_with(AckKind::Term)
             .await
             .map_err(ClusterError::store)
     }

@@ -69,6 +69,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         }
         Err(e) => return Err(e).context("cannot open the state folder"),
     };
+    let member = join_cluster(&config, &mut engine).await?;
     engine.store.set_retention(config.settings.retention());
     match engine.store.prune_runs(chrono::Utc::now()) {
         Ok(0) => {}
@@ -123,7 +124,12 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         dashboard_addr: Mutex::new(None),
         alert_channels,
         expect_checked: Default::default(),
+        member: member.clone(),
     });
+    if let Some(member) = &member {
+        let runner = shared.runner.clone();
+        member.start(move || runner.in_flight().len() as u64);
+    }
 
     let stop_socket = CancellationToken::new();
     let service = Arc::new(crate::service::Service {
@@ -272,10 +278,48 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         .store
         .flush()
         .context("final flush of the store")?;
+    if let Some(member) = &member {
+        member.leave().await;
+    }
     crate::control_socket::remove(&state_dir);
     let _ = std::fs::remove_file(state_dir.join("webhook.addr"));
     tracing::info!("steward daemon stopped");
     Ok(())
+}
+
+/// With `[cluster]`: joins the cluster before any work is taken (a server that cannot be
+/// reached stops the start, saying so) and keeps idempotency keys there.
+async fn join_cluster(
+    config: &crate::config::Config,
+    engine: &mut governed::Engine,
+) -> Result<Option<crate::cluster::Member>> {
+    let Some(settings) = &config.settings.cluster else {
+        return Ok(None);
+    };
+    let settings = settings.check().map_err(|p| {
+        anyhow!(
+            "[cluster] in steward.toml: {}",
+            p.into_iter()
+                .map(|(k, why)| format!("{k}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )
+    })?;
+    let member = crate::cluster::Member::join(&settings)
+        .await
+        .context("cannot join the cluster ([cluster] in steward.toml)")?;
+    tracing::info!(
+        daemon = %member.cluster.daemon,
+        servers = %settings.servers.join(", "),
+        "cluster: joined; slots, idempotency keys and queue items are shared through NATS JetStream"
+    );
+    engine.store =
+        crate::store::Store::from_backend(Arc::new(crate::cluster::store::MemberStore::new(
+            engine.store.clone(),
+            member.cluster.clone(),
+            member.bridge.clone(),
+        )));
+    Ok(Some(member))
 }
 
 /// The dead-man's switch: one look at start-up (then `expect_checked` is notified), one

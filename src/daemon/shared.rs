@@ -33,6 +33,8 @@ pub struct Shared {
     pub(super) alert_channels: crate::alert::ChannelsUpdate,
     /// Notified after each look of the dead-man's switch (start-up waits for the first).
     pub(super) expect_checked: tokio::sync::Notify,
+    /// This daemon's membership of a cluster (`[cluster]`), if any.
+    pub member: Option<crate::cluster::Member>,
 }
 
 impl Shared {
@@ -82,6 +84,10 @@ impl Shared {
     }
 
     pub fn enqueue(&self, queue: &str, payload: &Value) -> Result<String> {
+        if let Some(member) = &self.member {
+            let bytes = serde_json::to_vec(payload)?;
+            return Ok(member.enqueue_blocking(queue, bytes)?);
+        }
         let id = crate::trigger::queue::write_item(&self.state_dir, queue, payload)?;
         if let Some(wake) = self
             .queue_wakes

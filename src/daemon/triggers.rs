@@ -119,6 +119,30 @@ fn submitter(
     }
 }
 
+/// In a cluster, how many times an item is handed out before it is dead-lettered (a
+/// daemon killed with it, each time).
+const QUEUE_ATTEMPTS: u32 = 5;
+
+/// Whether this daemon fires `workflow`'s `slot`: always alone; in a cluster, when it
+/// claimed the slot (another daemon fires it otherwise). A store it cannot reach fires
+/// nothing: the slot is told missed, as when the daemon was down.
+async fn claimed(shared: &Shared, workflow: &str, slot: DateTime<Utc>) -> bool {
+    let Some(member) = &shared.member else {
+        return true;
+    };
+    match member.claim_slot(workflow, slot).await {
+        Ok(Some(_)) => true,
+        Ok(None) => {
+            tracing::debug!(workflow, %slot, "cluster: another daemon claimed this slot");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(workflow, %slot, "cluster: cannot claim the slot ({e}); not firing it");
+            false
+        }
+    }
+}
+
 impl Triggers {
     pub async fn start(shared: Arc<Shared>) -> Result<Triggers> {
         let scheduler = JobScheduler::new()
@@ -261,6 +285,9 @@ impl Triggers {
                         let shared = shared.clone();
                         let id = id.clone();
                         tokio::spawn(async move {
+                            if !claimed(&shared, &id, slot).await {
+                                return;
+                            }
                             shared
                                 .fire(&id, Fire::new("schedule", Some(slot), json!({})))
                                 .await;
@@ -282,6 +309,17 @@ impl Triggers {
                     }
                     run.await
                 })
+            }
+            Trigger::Queue { queue: name } if shared.member.is_some() => {
+                let member = shared.member.clone()?;
+                let submit = submitter(shared.clone(), id.clone());
+                tokio::spawn(crate::trigger::cluster_queue::run(
+                    member,
+                    name.clone(),
+                    QUEUE_ATTEMPTS,
+                    submit,
+                    cancel.clone(),
+                ))
             }
             Trigger::Queue { queue: name } => {
                 let wake = shared.queue_wake(name);

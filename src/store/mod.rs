@@ -21,6 +21,11 @@ pub use model::*;
 pub struct Store(Arc<dyn Backend>);
 
 impl Store {
+    /// A store over another backend (a cluster member's, see `crate::cluster::store`).
+    pub fn from_backend(backend: Arc<dyn Backend>) -> Store {
+        Store(backend)
+    }
+
     /// Opens (creating) the store under `state_dir` and recovers from any crash.
     pub fn open(state_dir: &Path) -> Result<(Store, Recovery)> {
         let (backend, recovery) = sled_store::SledStore::open(state_dir)?;

@@ -22,6 +22,9 @@ pub enum StoreError {
     },
     #[error("store error: {0}")]
     Sled(#[from] sled::Error),
+    /// The cluster's shared store refused or could not be reached (see `crate::cluster`).
+    #[error("{0}")]
+    Shared(String),
     #[error("corrupt record in store tree `{tree}` at key `{key}`: {source}")]
     Corrupt {
         tree: &'static str,

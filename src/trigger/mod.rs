@@ -4,6 +4,7 @@
 //! from `steward run`.
 
 pub mod calendar;
+pub mod cluster_queue;
 pub mod file;
 pub mod queue;
 pub mod schedule;

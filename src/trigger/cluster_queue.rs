@@ -1,0 +1,155 @@
+//! A queue trigger in a cluster: items pulled from the cluster's work-queue stream (see
+//! [`crate::cluster::queue`]) instead of the state folder's spool, one at a time, by every
+//! daemon whose config has the workflow. While its run goes, an item is kept with `+WPI`
+//! a third of an ack wait apart; when the run ends the item is acknowledged (unless a
+//! later delivery superseded this one). A daemon that stops hands its item back at once;
+//! one that is killed loses it to another daemon after the ack wait, and the item's
+//! idempotency key keeps its commit single.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::queue::Delivery;
+use crate::cluster::Member;
+use crate::governed::Fire;
+use crate::store::RunState;
+
+/// How long one pull waits for an item before it looks at `cancel` again.
+const PULL_WAIT: Duration = Duration::from_secs(1);
+/// How long after an error the next pull is tried.
+const PAUSE_AFTER_ERROR: Duration = Duration::from_secs(1);
+
+/// Pulls `queue`'s items and runs each through `submit`, until `cancel`.
+pub async fn run<F, Fut>(
+    member: Member,
+    queue: String,
+    max_attempts: u32,
+    submit: F,
+    cancel: CancellationToken,
+) where
+    F: Fn(Fire) -> Fut,
+    Fut: std::future::Future<Output = Option<crate::store::RunRecord>>,
+{
+    let puller = loop {
+        match member.puller(&queue, max_attempts).await {
+            Ok(p) => break p,
+            Err(e) => {
+                tracing::warn!(
+                    queue,
+                    "cannot pull from the cluster's queue: {e}; trying again"
+                );
+                if pause(&cancel, PAUSE_AFTER_ERROR).await {
+                    return;
+                }
+            }
+        }
+    };
+    loop {
+        if cancel.is_cancelled() {
+            return;
+        }
+        let p = puller.clone();
+        let next = member
+            .bridge
+            .run(async move { p.lock().await.next(PULL_WAIT).await })
+            .await;
+        let delivery = match next {
+            Ok(Ok(Some(d))) => Arc::new(d),
+            Ok(Ok(None)) => continue,
+            Ok(Err(e)) | Err(e) => {
+                tracing::warn!(queue, "cannot pull from the cluster's queue: {e}");
+                if pause(&cancel, PAUSE_AFTER_ERROR).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        let payload = match crate::trigger::queue::decode_item(&delivery.payload) {
+            Ok(p) => p,
+            Err(reason) => {
+                tracing::warn!(queue, item = %delivery.item_id, "item refused: {reason}; taken off the queue");
+                settle(&member, &delivery, Settle::Reject).await;
+                continue;
+            }
+        };
+        let keeping = keep_in_progress(&member, &delivery);
+        let fire = Fire::new(
+            "queue",
+            None,
+            json!({ "queue": queue, "item_id": delivery.item_id, "payload": payload, "attempt": delivery.attempt }),
+        );
+        let rec = submit(fire).await;
+        keeping.cancel();
+        match rec.map(|r| r.state) {
+            // The daemon stops: hand the item back now rather than after the ack wait.
+            None | Some(RunState::Interrupted) => {
+                settle(&member, &delivery, Settle::Retry(Duration::ZERO)).await;
+                return;
+            }
+            // Overlap or a pause kept it from running: offer it again a little later.
+            Some(RunState::Skipped) => {
+                settle(&member, &delivery, Settle::Retry(Duration::from_secs(1))).await
+            }
+            Some(_) => settle(&member, &delivery, Settle::Ack).await,
+        }
+    }
+}
+
+enum Settle {
+    Ack,
+    Retry(Duration),
+    Reject,
+}
+
+async fn settle(member: &Member, delivery: &Arc<Delivery>, how: Settle) {
+    let d = delivery.clone();
+    let done = member
+        .bridge
+        .run(async move {
+            match how {
+                Settle::Ack => d.ack().await.map(|current| {
+                    if !current {
+                        tracing::warn!(item = %d.item_id, "cluster: this delivery was superseded (past its ack wait); the item is left to the daemon that has it now");
+                    }
+                }),
+                Settle::Retry(delay) => d.retry(delay).await,
+                Settle::Reject => d.reject().await,
+            }
+        })
+        .await;
+    if let Ok(Err(e)) | Err(e) = done {
+        tracing::warn!(item = %delivery.item_id, "cluster: cannot settle the item: {e}; the server hands it out again after the ack wait");
+    }
+}
+
+/// Sends `+WPI` for `delivery` a third of an ack wait apart until the returned token is
+/// cancelled.
+fn keep_in_progress(member: &Member, delivery: &Arc<Delivery>) -> CancellationToken {
+    let stop = CancellationToken::new();
+    let every = member.cluster.settings.ack_wait / 3;
+    let d = delivery.clone();
+    let s = stop.clone();
+    member.bridge.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = s.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            if let Err(e) = d.in_progress().await {
+                tracing::warn!(item = %d.item_id, "cluster: cannot extend the item's ack deadline: {e}");
+            }
+        }
+    });
+    stop
+}
+
+/// Sleeps `d`; true when `cancel` came first.
+async fn pause(cancel: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => true,
+        _ = tokio::time::sleep(d) => false,
+    }
+}
