@@ -556,3 +556,91 @@ fn a_thousand_queue_items_each_commit_once_across_three_daemons() {
     let twice: Vec<_> = items.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "items committed twice: {twice:?}");
 }
+
+/// Which of the three daemons has a run of `workflow` in flight, waited for.
+fn holder_of(three: &Three, workflow: &str) -> usize {
+    let mut found = None;
+    util::wait_for("a daemon running the item", Duration::from_secs(30), || {
+        found = three.views.iter().position(|v| {
+            let out = v.steward(&["status", "--json"]);
+            out.code == 0
+                && out.json()["in_flight"]
+                    .as_array()
+                    .is_some_and(|l| l.iter().any(|r| r["workflow"] == workflow))
+        });
+        found.is_some()
+    });
+    found.unwrap()
+}
+
+#[test]
+fn a_daemon_killed_mid_run_loses_its_item_to_another_which_commits_it_once() {
+    let server = NatsServer::start();
+    // The maker takes a while, so the kill lands inside it.
+    let mut slow = util::Spec::new("slow", "cat >/dev/null\nsleep 3\necho '{}'\n")
+        .trigger("queue = \"jobs\"")
+        .key("{{ trigger.payload.n }}");
+    slow.commit = Some(KEEP_CONTEXT.into());
+    let mut three = three(&server, &[slow]);
+    let out = three.views[0].steward(&["enqueue", "jobs", "--payload", "{\"n\": 7}"]);
+    assert_eq!(out.code, 0, "{out}");
+    let victim = holder_of(&three, "slow");
+    three.daemons[victim].signal(nix::sys::signal::Signal::SIGKILL);
+    // Redelivered after the ack wait (5 s) to another daemon, whose run commits.
+    util::wait_for("the item's commit", Duration::from_secs(60), || {
+        !three.commits().is_empty()
+    });
+    let committer = three.commits()[0]["run_id"].clone();
+    // Long enough for a second delivery, were there one.
+    std::thread::sleep(Duration::from_secs(7));
+    let commits = three.commits();
+    assert_eq!(commits.len(), 1, "{commits:#?}\n{}", three.logs());
+    assert_eq!(commits[0]["trigger"]["payload"]["n"], 7);
+    assert_eq!(commits[0]["trigger"]["attempt"], 2, "{commits:#?}");
+    assert_eq!(commits[0]["run_id"], committer);
+    let _ = three.daemons.remove(victim);
+}
+
+#[test]
+fn a_daemon_killed_during_its_commit_leaves_the_key_in_doubt_listed_by_the_others() {
+    let server = NatsServer::start();
+    let mut careful = util::Spec::new("careful", "cat >/dev/null\necho '{}'\n")
+        .trigger("queue = \"jobs\"")
+        .key("{{ trigger.payload.n }}");
+    careful.commit = Some(format!(
+        "touch \"$MARKS/committing\"\nsleep 3\n{KEEP_CONTEXT}"
+    ));
+    let mut three = three(&server, &[careful]);
+    let out = three.views[1].steward(&["enqueue", "jobs", "--payload", "{\"n\": 9}"]);
+    assert_eq!(out.code, 0, "{out}");
+    util::wait_for("the commit to begin", Duration::from_secs(30), || {
+        three.env.path("committing").exists()
+    });
+    let victim = holder_of(&three, "careful");
+    three.daemons[victim].signal(nix::sys::signal::Signal::SIGKILL);
+    let other = (victim + 1) % 3;
+    // Once the victim's heartbeat (2 s) is gone, a survivor puts the key in doubt.
+    let mut listed = serde_json::Value::Null;
+    util::wait_for("the key in doubt", Duration::from_secs(30), || {
+        let out = three.views[other].steward(&["in-doubt", "list", "--json"]);
+        listed = serde_json::from_str(&out.stdout).unwrap_or_default();
+        listed
+            .as_array()
+            .is_some_and(|l| l.iter().any(|k| k["key"] == "9"))
+    });
+    let key = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["key"] == "9")
+        .unwrap()
+        .clone();
+    assert_eq!(key["workflow"], "careful");
+    assert_eq!(key["phase"], "in-doubt", "{key}");
+    assert_eq!(key["found_in"], "committing", "{key}");
+    // The item comes back after the ack wait; its key in doubt keeps it from a second
+    // commit (the first may yet finish: the killed daemon's commit step runs on).
+    std::thread::sleep(Duration::from_secs(10));
+    assert!(three.commits().len() <= 1, "{:#?}", three.commits());
+    let _ = three.daemons.remove(victim);
+}

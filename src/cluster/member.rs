@@ -125,13 +125,7 @@ impl Member {
     pub fn enqueue_blocking(&self, queue: &str, payload: Vec<u8>) -> Result<String, ClusterError> {
         let cluster = self.cluster.clone();
         let queue = queue.to_string();
-        let mut rand = [0u8; 4];
-        let _ = getrandom::fill(&mut rand);
-        let item_id = format!(
-            "{}-{}",
-            Utc::now().format("%Y%m%dT%H%M%S%6f"),
-            hex::encode(rand)
-        );
+        let item_id = new_item_id();
         let id = item_id.clone();
         self.bridge
             .block(async move { cluster.enqueue(&queue, &id, payload).await })?;
@@ -152,4 +146,50 @@ impl Member {
             .await??;
         Ok(Arc::new(tokio::sync::Mutex::new(puller)))
     }
+}
+
+/// Publishes one item to `queue` of the cluster `settings` name, for a command run where
+/// no daemon is (`steward enqueue` on a machine of the cluster without one): connects,
+/// publishes, waits for the server to store it.
+pub fn enqueue_once(
+    settings: &crate::config::cluster::ClusterSettings,
+    queue: &str,
+    payload: &serde_json::Value,
+) -> anyhow::Result<String> {
+    let settings = settings.check().map_err(|p| {
+        anyhow::anyhow!(
+            "[cluster] in steward.toml: {}",
+            p.into_iter()
+                .map(|(k, why)| format!("{k}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )
+    })?;
+    let bridge = Bridge::start()?;
+    let bytes = serde_json::to_vec(payload)?;
+    let name = format!("cli-{}", Cluster::daemon_name());
+    let queue = queue.to_string();
+    let item_id = new_item_id();
+    let id = item_id.clone();
+    bridge.block(async move {
+        let cluster = Cluster::connect(&settings, name).await?;
+        cluster.enqueue(&queue, &id, bytes).await?;
+        cluster
+            .client()
+            .flush()
+            .await
+            .map_err(|e| ClusterError::Store(e.to_string()))
+    })?;
+    Ok(item_id)
+}
+
+/// A queue item's id: its time and a random part.
+fn new_item_id() -> String {
+    let mut rand = [0u8; 4];
+    let _ = getrandom::fill(&mut rand);
+    format!(
+        "{}-{}",
+        Utc::now().format("%Y%m%dT%H%M%S%6f"),
+        hex::encode(rand)
+    )
 }

@@ -73,9 +73,15 @@ pub(super) fn status(service: &Service) -> Handled {
 }
 
 pub(super) fn enqueue(service: &Service, queue: &str, payload: &Value) -> Handled {
-    let item = match &service.daemon {
-        Some(d) => d.enqueue(queue, payload)?,
-        None => crate::trigger::queue::write_item(&service.state_dir, queue, payload)?,
+    let cluster = service
+        .config()
+        .ok()
+        .and_then(|c| c.settings.cluster.clone());
+    let item = match (&service.daemon, cluster) {
+        (Some(d), _) => d.enqueue(queue, payload)?,
+        // No daemon here, but a cluster: straight to its queue, for any daemon to pull.
+        (None, Some(settings)) => crate::cluster::member::enqueue_once(&settings, queue, payload)?,
+        (None, None) => crate::trigger::queue::write_item(&service.state_dir, queue, payload)?,
     };
     let warning = service
         .config()
