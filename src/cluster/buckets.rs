@@ -40,7 +40,8 @@ pub fn daemons(heartbeat: Duration) -> kv::Config {
         description: "steward: the daemons alive, by heartbeat".into(),
         history: 1,
         max_age: heartbeat,
-        storage: jetstream::stream::StorageType::Memory,
+        // On disk, like the rest: a bucket in memory is gone when the server restarts.
+        storage: jetstream::stream::StorageType::File,
         ..Default::default()
     }
 }

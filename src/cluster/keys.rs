@@ -75,6 +75,14 @@ impl Cluster {
             })),
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
                 match self.held_key(workflow, key).await? {
+                    // Our own reservation, made by an earlier try whose answer was lost.
+                    Some((now, revision)) if self.is_mine(&now, run_id, KeyPhase::Reserved) => {
+                        Ok(Ok(Lease {
+                            workflow: workflow.to_string(),
+                            key: key.to_string(),
+                            revision,
+                        }))
+                    }
                     // Reserved by a daemon that is gone (its item came back to us sooner
                     // than the reaper came round): freed now, at its revision, and ours.
                     Some((now, revision))
@@ -126,14 +134,26 @@ impl Cluster {
                 revision,
                 ..lease.clone()
             })),
-            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(Err(Fenced {
-                now: self
-                    .held_key(&lease.workflow, &lease.key)
-                    .await?
-                    .map(|(h, _)| h),
-            })),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                let now = self.held_key(&lease.workflow, &lease.key).await?;
+                match now {
+                    // Our own move, made by an earlier try whose answer was lost.
+                    Some((h, revision)) if self.is_mine(&h, run_id, phase) => Ok(Ok(Lease {
+                        revision,
+                        ..lease.clone()
+                    })),
+                    now => Ok(Err(Fenced {
+                        now: now.map(|(h, _)| h),
+                    })),
+                }
+            }
             Err(e) => Err(ClusterError::store(e)),
         }
+    }
+
+    /// Whether `held` is what this daemon wrote for `run_id` at `phase`.
+    fn is_mine(&self, held: &HeldKey, run_id: &str, phase: KeyPhase) -> bool {
+        held.daemon == self.daemon && held.record.run_id == run_id && held.record.phase == phase
     }
 
     /// Frees a held key (the run failed, was rejected, or ended without a commit), if this
@@ -146,12 +166,15 @@ impl Cluster {
             .await
         {
             Ok(()) => Ok(Ok(())),
-            Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision => Ok(Err(Fenced {
-                now: self
-                    .held_key(&lease.workflow, &lease.key)
-                    .await?
-                    .map(|(h, _)| h),
-            })),
+            Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision => {
+                match self.held_key(&lease.workflow, &lease.key).await? {
+                    // Freed: by an earlier try whose answer was lost, or by a reaper.
+                    None => Ok(Ok(())),
+                    now => Ok(Err(Fenced {
+                        now: now.map(|(h, _)| h),
+                    })),
+                }
+            }
             Err(e) => Err(ClusterError::store(e)),
         }
     }

@@ -6,10 +6,12 @@
 //! A key this daemon reserved is held with a lease (the revision it last wrote); each move
 //! of the key is made at that revision, so a daemon whose key was freed or taken over
 //! meanwhile (it was cut off past its heartbeat) gets an error instead of moving it, and
-//! its run does not commit.
+//! its run does not commit. A server that cannot be reached is waited for, up to
+//! [`STORE_WAIT`]: a run in flight across a short outage finishes, its commit waiting.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
@@ -21,6 +23,14 @@ use crate::store::{
     RunQuery, RunRecord, RunState, SeenDelivery, Store, StoreError,
 };
 
+/// How long a key's move waits for an unreachable server before the run gives up on it:
+/// a short outage (a restart of the server) is waited out; a long one fails the run
+/// before its commit, or leaves its key in doubt after it.
+pub const STORE_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether a run of this daemon is in flight, by run id.
+pub type InFlight = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// A cluster member's store: keys in the cluster, the rest in `local`.
 pub struct MemberStore {
     local: Store,
@@ -28,6 +38,8 @@ pub struct MemberStore {
     bridge: Bridge,
     /// The keys this daemon holds, by (workflow, key).
     leases: Mutex<HashMap<(String, String), Lease>>,
+    /// Which of this daemon's runs are in flight (set once the runner exists).
+    in_flight: std::sync::RwLock<Option<InFlight>>,
 }
 
 impl MemberStore {
@@ -37,36 +49,151 @@ impl MemberStore {
             cluster,
             bridge,
             leases: Mutex::new(HashMap::new()),
+            in_flight: std::sync::RwLock::new(None),
         }
+    }
+
+    /// Tells the store how to ask whether one of this daemon's runs is in flight: a key it
+    /// holds for a run that is not (the run ended in an error, the server gone meanwhile)
+    /// is its own leftover, settled when the key is wanted again.
+    pub fn set_in_flight(&self, in_flight: InFlight) {
+        *self.in_flight.write().unwrap_or_else(|p| p.into_inner()) = Some(in_flight);
+    }
+
+    fn running(&self, run_id: &str) -> bool {
+        self.in_flight
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_none_or(|f| f(run_id))
     }
 
     fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Lease>> {
         self.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lease(&self, workflow: &str, key: &str) -> Option<Lease> {
+    fn forget(&self, workflow: &str, key: &str) {
         self.leases()
-            .get(&(workflow.to_string(), key.to_string()))
-            .cloned()
+            .remove(&(workflow.to_string(), key.to_string()));
+    }
+
+    /// Runs `op` on the cluster's runtime, trying again while the server cannot be
+    /// reached, for at most [`STORE_WAIT`]. Each try is safe to repeat: a key's move that
+    /// took effect but whose answer was lost is recognised as this daemon's own. The
+    /// daemon's runtime thread hands its other work on while it waits.
+    fn call<T, F, Fut>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(Cluster) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, super::ClusterError>>
+            + Send
+            + 'static,
+    {
+        let wait = || {
+            let deadline = std::time::Instant::now() + STORE_WAIT;
+            let mut pause = Duration::from_millis(50);
+            loop {
+                match self.bridge.block(op(self.cluster.clone())) {
+                    Err(super::ClusterError::Store(why))
+                        if std::time::Instant::now() + pause < deadline =>
+                    {
+                        tracing::debug!("cluster store unreachable ({why}); trying again");
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                    done => return done.map_err(shared),
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+            _ => wait(),
+        }
+    }
+
+    /// What holds a key now, and at which revision.
+    fn held(&self, workflow: &str, key: &str) -> Result<Option<(super::keys::HeldKey, u64)>> {
+        let (w, k) = (workflow.to_string(), key.to_string());
+        self.call(move |c| {
+            let (w, k) = (w.clone(), k.clone());
+            async move { c.held_key(&w, &k).await }
+        })
     }
 
     /// The lease to move a key with: this daemon's own, or (for an operator's settling of
     /// a key another daemon left) the key's current revision.
     fn lease_or_current(&self, workflow: &str, key: &str) -> Result<Option<Lease>> {
-        if let Some(lease) = self.lease(workflow, key) {
+        if let Some(lease) = self
+            .leases()
+            .get(&(workflow.to_string(), key.to_string()))
+            .cloned()
+        {
             return Ok(Some(lease));
         }
-        let cluster = self.cluster.clone();
-        let (w, k) = (workflow.to_string(), key.to_string());
-        let held = self
-            .bridge
-            .block(async move { cluster.held_key(&w, &k).await })
-            .map_err(shared)?;
-        Ok(held.map(|(_, revision)| Lease {
+        Ok(self.held(workflow, key)?.map(|(_, revision)| Lease {
             workflow: workflow.to_string(),
             key: key.to_string(),
             revision,
         }))
+    }
+
+    fn reserve(
+        &self,
+        workflow: &str,
+        key: &str,
+        run_id: &str,
+    ) -> Result<std::result::Result<Lease, super::keys::HeldKey>> {
+        let (w, k, r) = (workflow.to_string(), key.to_string(), run_id.to_string());
+        self.call(move |c| {
+            let (w, k, r) = (w.clone(), k.clone(), r.clone());
+            async move { c.reserve_key(&w, &k, &r).await }
+        })
+    }
+
+    fn advance(
+        &self,
+        lease: Lease,
+        run_id: &str,
+        phase: KeyPhase,
+    ) -> Result<std::result::Result<Lease, super::keys::Fenced>> {
+        let r = run_id.to_string();
+        self.call(move |c| {
+            let (lease, r) = (lease.clone(), r.clone());
+            async move { c.advance_key(&lease, &r, phase).await }
+        })
+    }
+
+    fn release(&self, lease: Lease) -> Result<std::result::Result<(), super::keys::Fenced>> {
+        self.call(move |c| {
+            let lease = lease.clone();
+            async move { c.release_key(&lease).await }
+        })
+    }
+
+    /// A key this daemon holds for a run of its own that is no longer in flight: freed if
+    /// its commit had not begun (true), put in doubt if it had (false).
+    fn settle_leftover(&self, held: &KeyRecord) -> Result<bool> {
+        let Some((now, revision)) = self.held(&held.workflow, &held.key)? else {
+            return Ok(true);
+        };
+        if now.daemon != self.cluster.daemon || now.record.run_id != held.run_id {
+            return Ok(false);
+        }
+        self.forget(&held.workflow, &held.key);
+        let lease = Lease {
+            workflow: held.workflow.clone(),
+            key: held.key.clone(),
+            revision,
+        };
+        match now.record.phase {
+            KeyPhase::Reserved => Ok(self.release(lease)?.is_ok()),
+            KeyPhase::Committing => {
+                let _ = self.advance(lease, &held.run_id, KeyPhase::InDoubt)?;
+                tracing::warn!(workflow = %held.workflow, key = %held.key, run = %held.run_id, "cluster: this daemon's run ended in an error during its commit: key in doubt, see `steward in-doubt list`");
+                Ok(false)
+            }
+            _ => Ok(false),
+        }
     }
 }
 
@@ -95,13 +222,7 @@ impl Backend for MemberStore {
     }
 
     fn key(&self, workflow: &str, key: &str) -> Result<Option<KeyRecord>> {
-        let cluster = self.cluster.clone();
-        let (w, k) = (workflow.to_string(), key.to_string());
-        let held = self
-            .bridge
-            .block(async move { cluster.held_key(&w, &k).await })
-            .map_err(shared)?;
-        Ok(held.map(|(h, _)| h.record))
+        Ok(self.held(workflow, key)?.map(|(h, _)| h.record))
     }
 
     fn reserve_key(
@@ -110,61 +231,59 @@ impl Backend for MemberStore {
         key: &str,
         run_id: &str,
     ) -> Result<std::result::Result<(), KeyRecord>> {
-        let cluster = self.cluster.clone();
-        let (w, k, r) = (workflow.to_string(), key.to_string(), run_id.to_string());
-        let reserved = self
-            .bridge
-            .block(async move { cluster.reserve_key(&w, &k, &r).await })
-            .map_err(shared)?;
-        Ok(match reserved {
-            Ok(lease) => {
-                self.leases()
-                    .insert((workflow.to_string(), key.to_string()), lease);
-                Ok(())
+        // Twice at most: once more after freeing a leftover of this daemon's own.
+        for _ in 0..2 {
+            match self.reserve(workflow, key, run_id)? {
+                Ok(lease) => {
+                    self.leases()
+                        .insert((workflow.to_string(), key.to_string()), lease);
+                    return Ok(Ok(()));
+                }
+                Err(held)
+                    if held.daemon == self.cluster.daemon
+                        && held.record.run_id != run_id
+                        && matches!(
+                            held.record.phase,
+                            KeyPhase::Reserved | KeyPhase::Committing
+                        )
+                        && !self.running(&held.record.run_id) =>
+                {
+                    if !self.settle_leftover(&held.record)? {
+                        return Ok(Err(self.key(workflow, key)?.unwrap_or(held.record)));
+                    }
+                }
+                Err(held) => return Ok(Err(held.record)),
             }
-            Err(held) => Err(held.record),
-        })
+        }
+        match self.key(workflow, key)? {
+            Some(now) => Ok(Err(now)),
+            None => Err(StoreError::Shared(format!(
+                "idempotency key `{key}` of `{workflow}`: freed, but another reservation came first"
+            ))),
+        }
     }
 
     fn set_key(&self, workflow: &str, key: &str, run_id: &str, phase: KeyPhase) -> Result<()> {
         let lease = match self.lease_or_current(workflow, key)? {
             Some(lease) => lease,
-            None => {
-                // Not held by anyone (a dry run's key is never reserved; an operator's
-                // settling): make it.
-                let cluster = self.cluster.clone();
-                let (w, k, r) = (workflow.to_string(), key.to_string(), run_id.to_string());
-                match self
-                    .bridge
-                    .block(async move { cluster.reserve_key(&w, &k, &r).await })
-                    .map_err(shared)?
-                {
-                    Ok(lease) => lease,
-                    Err(now) => return Err(fenced(workflow, key, Some(&now))),
-                }
-            }
+            // Not held by anyone (an operator's settling): make it.
+            None => match self.reserve(workflow, key, run_id)? {
+                Ok(lease) => lease,
+                Err(now) => return Err(fenced(workflow, key, Some(&now))),
+            },
         };
-        let cluster = self.cluster.clone();
-        let r = run_id.to_string();
-        let moved = self
-            .bridge
-            .block(async move { cluster.advance_key(&lease, &r, phase).await })
-            .map_err(shared)?;
-        match moved {
+        match self.advance(lease, run_id, phase)? {
             Ok(lease) => {
-                let done = matches!(phase, KeyPhase::Committed | KeyPhase::InDoubt);
-                let mut leases = self.leases();
-                let id = (workflow.to_string(), key.to_string());
-                if done {
-                    leases.remove(&id);
+                if matches!(phase, KeyPhase::Committed | KeyPhase::InDoubt) {
+                    self.forget(workflow, key);
                 } else {
-                    leases.insert(id, lease);
+                    self.leases()
+                        .insert((workflow.to_string(), key.to_string()), lease);
                 }
                 Ok(())
             }
             Err(f) => {
-                self.leases()
-                    .remove(&(workflow.to_string(), key.to_string()));
+                self.forget(workflow, key);
                 Err(fenced(workflow, key, f.now.as_ref()))
             }
         }
@@ -174,22 +293,14 @@ impl Backend for MemberStore {
         let Some(lease) = self.lease_or_current(workflow, key)? else {
             return Ok(()); // free already
         };
-        self.leases()
-            .remove(&(workflow.to_string(), key.to_string()));
-        let cluster = self.cluster.clone();
-        let released = self
-            .bridge
-            .block(async move { cluster.release_key(&lease).await })
-            .map_err(shared)?;
+        self.forget(workflow, key);
         // Fenced: another daemon has it now; it is not ours to free.
-        released.map_err(|f| fenced(workflow, key, f.now.as_ref()))
+        self.release(lease)?
+            .map_err(|f| fenced(workflow, key, f.now.as_ref()))
     }
 
     fn keys_in_doubt(&self) -> Result<Vec<KeyRecord>> {
-        let cluster = self.cluster.clone();
-        self.bridge
-            .block(async move { cluster.keys_in_doubt().await })
-            .map_err(shared)
+        self.call(|c| async move { c.keys_in_doubt().await })
     }
 
     fn put_run(&self, run: &RunRecord) -> Result<()> {

@@ -69,7 +69,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         }
         Err(e) => return Err(e).context("cannot open the state folder"),
     };
-    let member = join_cluster(&config, &mut engine).await?;
+    let (member, member_store) = join_cluster(&config, &mut engine).await?.unzip();
     engine.store.set_retention(config.settings.retention());
     match engine.store.prune_runs(chrono::Utc::now()) {
         Ok(0) => {}
@@ -126,9 +126,13 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         expect_checked: Default::default(),
         member: member.clone(),
     });
-    if let Some(member) = &member {
+    if let (Some(member), Some(store)) = (&member, &member_store) {
         let runner = shared.runner.clone();
         member.start(move || runner.in_flight().len() as u64);
+        let runner = shared.runner.clone();
+        store.set_in_flight(Arc::new(move |run_id| {
+            runner.in_flight().iter().any(|r| r.run_id == run_id)
+        }));
     }
 
     let stop_socket = CancellationToken::new();
@@ -292,7 +296,12 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
 async fn join_cluster(
     config: &crate::config::Config,
     engine: &mut governed::Engine,
-) -> Result<Option<crate::cluster::Member>> {
+) -> Result<
+    Option<(
+        crate::cluster::Member,
+        Arc<crate::cluster::store::MemberStore>,
+    )>,
+> {
     let Some(settings) = &config.settings.cluster else {
         return Ok(None);
     };
@@ -313,13 +322,13 @@ async fn join_cluster(
         servers = %settings.servers.join(", "),
         "cluster: joined; slots, idempotency keys and queue items are shared through NATS JetStream"
     );
-    engine.store =
-        crate::store::Store::from_backend(Arc::new(crate::cluster::store::MemberStore::new(
-            engine.store.clone(),
-            member.cluster.clone(),
-            member.bridge.clone(),
-        )));
-    Ok(Some(member))
+    let store = Arc::new(crate::cluster::store::MemberStore::new(
+        engine.store.clone(),
+        member.cluster.clone(),
+        member.bridge.clone(),
+    ));
+    engine.store = crate::store::Store::from_backend(store.clone());
+    Ok(Some((member, store)))
 }
 
 /// The dead-man's switch: one look at start-up (then `expect_checked` is notified), one

@@ -85,9 +85,14 @@ pub async fn run<F, Fut>(
         keeping.cancel();
         match rec.map(|r| r.state) {
             // The daemon stops: hand the item back now rather than after the ack wait.
-            None | Some(RunState::Interrupted) => {
+            None | Some(RunState::Interrupted) if cancel.is_cancelled() => {
                 settle(&member, &delivery, Settle::Retry(Duration::ZERO)).await;
                 return;
+            }
+            // Not carried out (the store could not be reached, say): not done with the
+            // item, which comes back for another try.
+            None | Some(RunState::Interrupted) => {
+                settle(&member, &delivery, Settle::Retry(PAUSE_AFTER_ERROR)).await;
             }
             // Overlap or a pause kept it from running: offer it again a little later.
             Some(RunState::Skipped) => {
