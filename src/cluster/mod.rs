@@ -11,6 +11,8 @@
 //! - [`queue`]: queue items in a work-queue stream, pulled by every daemon, kept with
 //!   `+WPI` while run, redelivered after the ack wait, a late ack fenced, given up on
 //!   into a dead-letter stream after `max_attempts`.
+//! - [`cases`]: an agency case's events on a subject of their own; an append expects the
+//!   subject's last sequence, so of two drivers the server takes one.
 //! - [`heartbeat`]: each daemon's heartbeat in a bucket whose entries expire. Whether a
 //!   daemon is gone is decided by the server's clock alone, never by comparing two
 //!   machines' clocks.
@@ -20,6 +22,7 @@
 
 pub mod bridge;
 pub mod buckets;
+pub mod cases;
 pub mod connection;
 pub mod error;
 pub mod heartbeat;

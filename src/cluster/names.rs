@@ -26,6 +26,26 @@ pub fn key_part(text: &str) -> String {
     out
 }
 
+/// The text a [`key_part`] was made from (None: not one).
+pub fn from_key_part(part: &str) -> Option<String> {
+    if part == "=" {
+        return Some(String::new());
+    }
+    let mut bytes = Vec::with_capacity(part.len());
+    let mut rest = part.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'=' {
+            let hex = tail.get(..2)?;
+            bytes.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            bytes.push(b);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,5 +63,9 @@ mod tests {
         }
         let distinct: std::collections::BTreeSet<_> = parts.iter().collect();
         assert_eq!(distinct.len(), texts.len(), "{parts:?}");
+        for (text, part) in texts.iter().zip(&parts) {
+            assert_eq!(from_key_part(part).as_deref(), Some(*text));
+        }
+        assert_eq!(from_key_part("a=Z1"), None);
     }
 }

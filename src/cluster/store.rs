@@ -1,6 +1,7 @@
 //! The store of a daemon in a cluster: what must be decided once for the whole cluster —
-//! idempotency keys — is kept in the cluster ([`super::keys`]), compare-and-set on
-//! revision; the rest stays in this daemon's own store for now (runs, review, dead
+//! idempotency keys ([`super::keys`], compare-and-set on revision) and agency cases
+//! ([`super::cases`], appends that expect the last sequence) — is kept in the cluster;
+//! the rest stays in this daemon's own store for now (runs, review, dead
 //! letters, approvals, pauses, the alert outbox; the next step of issue 28 moves them).
 //!
 //! A key this daemon reserved is held with a lease (the revision it last wrote); each move
@@ -391,11 +392,29 @@ impl Backend for MemberStore {
     }
 
     fn case_events(&self, case: &str) -> Result<Vec<(u64, Vec<u8>)>> {
-        self.local.case_events(case)
+        let case = case.to_string();
+        self.call(move |c| {
+            let case = case.clone();
+            async move { c.case_events(&case).await }
+        })
     }
 
     fn append_case_event(&self, case: &str, version: u64, event: &[u8]) -> Result<bool> {
-        self.local.append_case_event(case, version, event)
+        let (case, event) = (case.to_string(), event.to_vec());
+        self.call(move |c| {
+            let (case, event) = (case.clone(), event.clone());
+            async move {
+                match c.append_case_event(&case, version, &event).await {
+                    // A retried append whose first try took effect: the event is ours.
+                    Ok(false) => Ok(c
+                        .case_events(&case)
+                        .await?
+                        .iter()
+                        .any(|(v, e)| *v == version && *e == event)),
+                    other => other,
+                }
+            }
+        })
     }
 
     fn overwrite_case_event_for_tests(&self, case: &str, version: u64, event: &[u8]) -> Result<()> {
@@ -404,7 +423,7 @@ impl Backend for MemberStore {
     }
 
     fn case_ids(&self) -> Result<Vec<String>> {
-        self.local.case_ids()
+        self.call(|c| async move { c.case_ids().await })
     }
 
     fn dead_letter(&self, run: &RunRecord) -> Result<()> {
