@@ -850,3 +850,53 @@ fn two_drivers_racing_one_case_on_two_daemons_win_one_append_each_turn() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_delivery_is_remembered_once_for_the_whole_cluster() {
+    let server = NatsServer::start();
+    let a = daemon(&server, "a", "5s").await;
+    let b = daemon(&server, "b", "5s").await;
+    let now = Utc::now();
+    let seen = |run: &str, secs: i64| steward::store::SeenDelivery {
+        run_id: run.into(),
+        until: now + chrono::Duration::seconds(secs),
+    };
+    let (sa, sb) = (seen("run-a", 300), seen("run-b", 300));
+    let (x, y) = tokio::join!(
+        a.remember_delivery("hook", "evt/1", &sa, now),
+        b.remember_delivery("hook", "evt/1", &sb, now),
+    );
+    let (x, y) = (x.unwrap(), y.unwrap());
+    // One remembered it; the other was told of that sighting.
+    assert_eq!(
+        [x.is_none(), y.is_none()].iter().filter(|f| **f).count(),
+        1,
+        "{x:?} {y:?}"
+    );
+    let first = x.or(y).unwrap();
+    assert!(first == sa || first == sb);
+    // Past its time, a sighting is replaced; forgetting drops only the expired.
+    let short = seen("run-c", 1);
+    assert!(a
+        .remember_delivery("hook", "evt/2", &short, now)
+        .await
+        .unwrap()
+        .is_none());
+    let later = now + chrono::Duration::seconds(5);
+    assert!(b
+        .remember_delivery("hook", "evt/2", &seen("run-d", 300), later)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(a
+        .remember_delivery("hook", "evt/3", &short, now)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(b.forget_deliveries(later).await.unwrap(), 1);
+    assert!(a
+        .remember_delivery("hook", "evt/1", &seen("run-e", 300), later)
+        .await
+        .unwrap()
+        .is_some());
+}

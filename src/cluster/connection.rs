@@ -21,6 +21,7 @@ pub struct Cluster {
     pub(super) slots: jetstream::kv::Store,
     pub(super) keys: jetstream::kv::Store,
     pub(super) daemons: jetstream::kv::Store,
+    pub(super) webhooks: jetstream::kv::Store,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -55,6 +56,7 @@ impl Cluster {
         let slots = buckets::open(&js, buckets::slots()).await?;
         let keys = buckets::open(&js, buckets::keys()).await?;
         let daemons = buckets::open(&js, buckets::daemons(settings.heartbeat)).await?;
+        let webhooks = buckets::open(&js, super::webhooks::bucket()).await?;
         Ok(Cluster {
             daemon,
             settings: settings.clone(),
@@ -63,6 +65,7 @@ impl Cluster {
             slots,
             keys,
             daemons,
+            webhooks,
         })
     }
 

@@ -13,6 +13,7 @@
 //!   into a dead-letter stream after `max_attempts`.
 //! - [`cases`]: an agency case's events on a subject of their own; an append expects the
 //!   subject's last sequence, so of two drivers the server takes one.
+//! - [`webhooks`]: deliveries seen, so a replay to another daemon runs nothing.
 //! - [`heartbeat`]: each daemon's heartbeat in a bucket whose entries expire. Whether a
 //!   daemon is gone is decided by the server's clock alone, never by comparing two
 //!   machines' clocks.
@@ -32,6 +33,7 @@ pub mod names;
 pub mod queue;
 pub mod slots;
 pub mod store;
+pub mod webhooks;
 
 pub use crate::config::cluster::Cluster as Settings;
 pub use connection::Cluster;

@@ -1,6 +1,7 @@
 //! The store of a daemon in a cluster: what must be decided once for the whole cluster —
-//! idempotency keys ([`super::keys`], compare-and-set on revision) and agency cases
-//! ([`super::cases`], appends that expect the last sequence) — is kept in the cluster;
+//! idempotency keys ([`super::keys`], compare-and-set on revision), agency cases
+//! ([`super::cases`], appends that expect the last sequence) and webhook deliveries seen
+//! ([`super::webhooks`]) — is kept in the cluster;
 //! the rest stays in this daemon's own store for now (runs, review, dead
 //! letters, approvals, pauses, the alert outbox; the next step of issue 28 moves them).
 //!
@@ -384,11 +385,21 @@ impl Backend for MemberStore {
         seen: &SeenDelivery,
         now: DateTime<Utc>,
     ) -> Result<Option<SeenDelivery>> {
-        self.local.remember_delivery(workflow, id, seen, now)
+        let (w, i, seen) = (workflow.to_string(), id.to_string(), seen.clone());
+        self.call(move |c| {
+            let (w, i, seen) = (w.clone(), i.clone(), seen.clone());
+            async move {
+                match c.remember_delivery(&w, &i, &seen, now).await {
+                    // A retried try that took effect: the sighting found is this one.
+                    Ok(Some(earlier)) if earlier == seen => Ok(None),
+                    other => other,
+                }
+            }
+        })
     }
 
     fn forget_deliveries(&self, now: DateTime<Utc>) -> Result<usize> {
-        self.local.forget_deliveries(now)
+        self.call(move |c| async move { c.forget_deliveries(now).await })
     }
 
     fn case_events(&self, case: &str) -> Result<Vec<(u64, Vec<u8>)>> {
