@@ -4,6 +4,7 @@
 //! it held ([`super::keys`]). The server's clock alone decides: no two machines' clocks
 //! are compared.
 
+use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -35,14 +36,14 @@ impl Cluster {
         Ok(())
     }
 
-    /// Whether `daemon` has beaten within the heartbeat.
+    /// Whether `daemon` has beaten within the heartbeat. Its entry is gone once the
+    /// server expires it; sooner, its last beat is older by more than a heartbeat than
+    /// this daemon's own latest — two times the server stamped, never a daemon's clock.
     pub async fn is_alive(&self, daemon: &str) -> Result<bool, ClusterError> {
-        Ok(self
-            .daemons
-            .get(daemon)
-            .await
-            .map_err(ClusterError::store)?
-            .is_some())
+        let Some(theirs) = self.beat_entry(daemon).await? else {
+            return Ok(false);
+        };
+        self.within_heartbeat(theirs.created).await
     }
 
     /// Every live daemon's latest beat, by name.
@@ -52,10 +53,13 @@ impl Cluster {
         while let Some(name) = names.next().await {
             let name = name.map_err(ClusterError::store)?;
             // Gone between the listing and the read: not alive.
-            let Some(bytes) = self.daemons.get(&name).await.map_err(ClusterError::store)? else {
+            let Some(entry) = self.beat_entry(&name).await? else {
                 continue;
             };
-            match serde_json::from_slice::<Beat>(&bytes) {
+            if !self.within_heartbeat(entry.created).await? {
+                continue;
+            }
+            match serde_json::from_slice::<Beat>(&entry.value) {
                 Ok(beat) => out.push(beat),
                 Err(e) => {
                     return Err(ClusterError::Corrupt {
@@ -68,6 +72,26 @@ impl Cluster {
         }
         out.sort_by(|a, b| a.daemon.cmp(&b.daemon));
         Ok(out)
+    }
+
+    async fn beat_entry(&self, daemon: &str) -> Result<Option<kv::Entry>, ClusterError> {
+        let entry = self
+            .daemons
+            .entry(daemon)
+            .await
+            .map_err(ClusterError::store)?;
+        Ok(entry.filter(|e| e.operation == kv::Operation::Put))
+    }
+
+    /// Whether a beat stored at `stamped` (by the server) is within a heartbeat of this
+    /// daemon's own latest beat. A daemon that has not beaten yet judges nobody gone.
+    async fn within_heartbeat(&self, stamped: chrono::DateTime<Utc>) -> Result<bool, ClusterError> {
+        let Some(ours) = self.beat_entry(&self.daemon).await? else {
+            return Ok(true);
+        };
+        let heartbeat =
+            chrono::Duration::from_std(self.settings.heartbeat).unwrap_or(chrono::Duration::MAX);
+        Ok(ours.created - stamped <= heartbeat)
     }
 
     /// Takes this daemon out at a clean stop, so the others need not wait out its

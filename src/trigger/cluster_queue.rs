@@ -83,6 +83,16 @@ pub async fn run<F, Fut>(
         );
         let rec = submit(fire).await;
         keeping.cancel();
+        // Its key held by a run still in flight elsewhere (a daemon killed with it, whose
+        // heartbeat has not yet run out): not done with; back a quarter heartbeat later,
+        // by when that daemon may be known gone and its key freed.
+        if let Some(r) = rec.as_ref().filter(|r| r.state == RunState::Blocked) {
+            if key_in_flight(&member, r).await {
+                let wait = member.cluster.settings.heartbeat / 4;
+                settle(&member, &delivery, Settle::Retry(wait)).await;
+                continue;
+            }
+        }
         match rec.map(|r| r.state) {
             // The daemon stops: hand the item back now rather than after the ack wait.
             None | Some(RunState::Interrupted) if cancel.is_cancelled() => {
@@ -101,6 +111,24 @@ pub async fn run<F, Fut>(
             Some(_) => settle(&member, &delivery, Settle::Ack).await,
         }
     }
+}
+
+/// Whether the run's idempotency key is held by a run in flight (reserved or
+/// committing), on this daemon or another.
+async fn key_in_flight(member: &Member, rec: &crate::store::RunRecord) -> bool {
+    let Some(key) = rec.idempotency_key.clone() else {
+        return false;
+    };
+    let cluster = member.cluster.clone();
+    let workflow = rec.workflow.clone();
+    let held = member
+        .bridge
+        .run(async move { cluster.held_key(&workflow, &key).await })
+        .await;
+    matches!(
+        held,
+        Ok(Ok(Some((h, _)))) if matches!(h.record.phase, crate::store::KeyPhase::Reserved | crate::store::KeyPhase::Committing)
+    )
 }
 
 enum Settle {
