@@ -171,6 +171,22 @@ pub struct Status {
     /// Errors of an edit the daemon could not load; it runs the older config meanwhile.
     #[serde(default)]
     pub config_errors: Vec<String>,
+    /// With `[cluster]`: this daemon's name and the daemons alive, by their heartbeats.
+    #[serde(default)]
+    pub cluster: Option<ClusterStatus>,
+}
+
+/// The cluster as one daemon sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// This daemon's name in the cluster.
+    pub daemon: String,
+    pub servers: Vec<String>,
+    /// The daemons whose heartbeat is current, with their runs in flight (empty, with
+    /// `error` set, when the server cannot be reached).
+    pub alive: Vec<crate::cluster::heartbeat::Beat>,
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// What `steward drain` did, line by line, and the worst run's exit code.

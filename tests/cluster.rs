@@ -595,7 +595,54 @@ fn a_daemon_killed_mid_run_loses_its_item_to_another_which_commits_it_once() {
     let out = three.views[0].steward(&["enqueue", "jobs", "--payload", "{\"n\": 7}"]);
     assert_eq!(out.code, 0, "{out}");
     let victim = holder_of(&three, "slow");
+    // Each daemon's status names the three alive, the victim with its run in flight.
+    let names: Vec<String> = three
+        .views
+        .iter()
+        .map(|v| {
+            v.steward(&["status", "--json"]).json()["cluster"]["daemon"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let alive = |view: &util::Env| -> Vec<(String, u64)> {
+        let status = view.steward(&["status", "--json"]).json();
+        status["cluster"]["alive"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|b| {
+                (
+                    b["daemon"].as_str().unwrap().to_string(),
+                    b["runs_in_flight"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let other = (victim + 1) % 3;
+    util::wait_for(
+        "three daemons alive, the victim busy",
+        Duration::from_secs(10),
+        || {
+            let now = alive(&three.views[other]);
+            now.len() == 3 && now.contains(&(names[victim].clone(), 1))
+        },
+    );
     three.daemons[victim].signal(nix::sys::signal::Signal::SIGKILL);
+    util::wait_for(
+        "the victim gone from the status",
+        Duration::from_secs(15),
+        || {
+            let now = alive(&three.views[other]);
+            now.len() == 2 && !now.iter().any(|(d, _)| *d == names[victim])
+        },
+    );
+    let text = three.views[other].steward(&["status"]).stdout;
+    assert!(
+        text.contains(&format!("cluster: this daemon is {}", names[other])),
+        "{text}"
+    );
     // Redelivered after the ack wait (5 s) to another daemon, whose run commits.
     util::wait_for("the item's commit", Duration::from_secs(60), || {
         !three.commits().is_empty()

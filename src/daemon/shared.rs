@@ -137,6 +137,10 @@ impl Shared {
 }
 
 impl crate::service::Daemon for Shared {
+    fn member(&self) -> Option<&crate::cluster::Member> {
+        self.member.as_ref()
+    }
+
     fn config(&self) -> Result<Arc<Config>> {
         self.config.fresh().map_err(|p| self.config.explain(&p))
     }

@@ -27,6 +27,10 @@ pub trait Daemon: Send + Sync {
     fn enqueue(&self, queue: &str, payload: &Value) -> anyhow::Result<String>;
     /// A pause was lifted: runs the slots the schedule's catch-up policy owes for it.
     fn catch_up_after_pause(&self, wf: &Arc<Workflow>, pause: &crate::store::Pause);
+    /// This daemon's membership of a cluster, if it has one.
+    fn member(&self) -> Option<&crate::cluster::Member> {
+        None
+    }
 }
 
 /// The config a daemon runs on, when it was loaded, and the errors of a later edit that

@@ -69,7 +69,32 @@ pub(super) fn status(service: &Service) -> Handled {
         dashboard_listen: daemon.dashboard_listen(),
         gateway_listen: service.engine.gateway.as_ref().map(|g| g.addr.to_string()),
         process_containment: crate::containment::describe(),
+        cluster: daemon.member().map(cluster_status),
     })))
+}
+
+/// The daemons alive, as the cluster's heartbeats say (waited for at most 2 s).
+fn cluster_status(member: &crate::cluster::Member) -> crate::api::ClusterStatus {
+    let cluster = member.cluster.clone();
+    let alive = member.bridge.block(async move {
+        tokio::time::timeout(std::time::Duration::from_secs(2), cluster.alive())
+            .await
+            .unwrap_or_else(|_| {
+                Err(crate::cluster::ClusterError::Store(
+                    "no answer from the server in 2 s".into(),
+                ))
+            })
+    });
+    let (alive, error) = match alive {
+        Ok(list) => (list, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    crate::api::ClusterStatus {
+        daemon: member.cluster.daemon.clone(),
+        servers: member.cluster.settings.servers.clone(),
+        alive,
+        error,
+    }
 }
 
 pub(super) fn enqueue(service: &Service, queue: &str, payload: &Value) -> Handled {
