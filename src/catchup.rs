@@ -79,6 +79,19 @@ pub fn plan(config: &Config, now: DateTime<Utc>) -> Drain {
 /// At start-up: records the fires each schedule missed while steward was down, leaves
 /// markers for them (`latest`), and returns the runs `catchup = "all"` owes.
 pub fn missed_while_down(engine: &Engine, config: &Config, now: DateTime<Utc>) -> Vec<Due> {
+    missed_while_down_claiming(engine, config, now, &|_, _| true)
+}
+
+/// [`missed_while_down`] where a missed slot is this daemon's to handle only if `claim`
+/// gives it (a cluster: a slot another daemon ran, or is handling, is not missed here, so
+/// the catch-up of a whole cluster's outage is planned once). Only the newest
+/// [`MAX_MISSED_RECORDS`] slots are claimed; older ones are counted.
+pub fn missed_while_down_claiming(
+    engine: &Engine,
+    config: &Config,
+    now: DateTime<Utc>,
+    claim: &dyn Fn(&str, DateTime<Utc>) -> bool,
+) -> Vec<Due> {
     let marker_dir = drain::marker_dir(&config.vault());
     let mut owed = Vec::new();
     for wf in config.workflows.values() {
@@ -95,11 +108,28 @@ pub fn missed_while_down(engine: &Engine, config: &Config, now: DateTime<Utc>) -
         };
         // A slot whose jittered fire is still ahead is not missed: the schedule's task
         // fires it at its time.
-        let missed: Vec<DateTime<Utc>> = sched
+        let passed: Vec<DateTime<Utc>> = sched
             .fires_between(last, now)
             .into_iter()
             .filter(|s| sched.fire_at(*s) <= now)
             .collect();
+        let newest_first = passed.len().saturating_sub(MAX_MISSED_RECORDS);
+        let missed: Vec<DateTime<Utc>> = passed
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| *i < newest_first || claim(&wf.id, **s))
+            .map(|(_, s)| *s)
+            .collect();
+        if missed.len() < passed.len() {
+            tracing::info!(workflow = %wf.id, "{} slot(s) passed while this daemon was down were run or handled by another daemon of the cluster", passed.len() - missed.len());
+        }
+        if missed.is_empty() {
+            if let Some(&newest) = passed.last() {
+                if let Err(e) = engine.store.set_last_slot(&wf.id, newest) {
+                    tracing::error!(workflow = %wf.id, "cannot record the passed slots as handled: {e}");
+                }
+            }
+        }
         let Some(&newest) = missed.last() else {
             continue;
         };

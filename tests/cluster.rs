@@ -947,3 +947,57 @@ async fn a_webhook_delivery_is_remembered_once_for_the_whole_cluster() {
         .unwrap()
         .is_some());
 }
+
+#[test]
+fn the_catch_up_of_a_whole_cluster_outage_is_planned_once() {
+    let server = NatsServer::start();
+    let mut tick = util::Spec::new("tick", "cat >/dev/null\necho '{}'\n")
+        .trigger(
+            "schedule = { cron = \"* * * * * *\", catchup = \"latest\", catchup_window_s = 3600 }",
+        )
+        .key("{{ trigger.scheduled_for }}");
+    tick.commit = Some(KEEP_CONTEXT.into());
+    let mut three = three(&server, &[tick]);
+    util::wait_for("a few slots run", Duration::from_secs(30), || {
+        three.commits().len() >= 3
+    });
+    // The whole cluster stops, and stays down for a few slots.
+    for d in &mut three.daemons {
+        d.stop(Duration::from_secs(20));
+    }
+    std::thread::sleep(Duration::from_secs(4));
+    three.daemons = three.views.iter().map(|v| v.daemon(&[])).collect();
+    let catch_ups = |three: &Three| -> usize {
+        three
+            .commits()
+            .iter()
+            .filter(|c| c["trigger"]["catchup"] == true)
+            .count()
+    };
+    util::wait_for("the catch-up run", Duration::from_secs(30), || {
+        catch_ups(&three) >= 1
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(catch_ups(&three), 1, "{}", three.logs());
+    // Each slot of the outage was told missed by one daemon, not by each.
+    let mut missed = Vec::new();
+    for view in &three.views {
+        let out = view.steward(&[
+            "runs", "-w", "tick", "--status", "missed", "-n", "1000", "--json",
+        ]);
+        let runs: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
+        missed.extend(runs.iter().map(|r| {
+            r["trigger"]["scheduled_for"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        }));
+    }
+    assert!(missed.len() >= 2, "the outage missed no slot? {missed:?}");
+    let told = counts(missed.into_iter());
+    let twice: Vec<_> = told.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "missed slots told by more than one daemon: {twice:?}"
+    );
+}

@@ -493,7 +493,32 @@ impl Triggers {
                 self.shared.catch_up_slots(&wf, slots);
             }
         }
-        let owed = catchup::missed_while_down(&self.shared.engine, &config, now);
+        let owed = match self.shared.member.clone() {
+            None => catchup::missed_while_down(&self.shared.engine, &config, now),
+            // In a cluster each missed slot is claimed like a fire: a slot another
+            // daemon ran or handles is not missed here.
+            Some(member) => {
+                let claim = move |workflow: &str, slot: DateTime<Utc>| {
+                    let cluster = member.cluster.clone();
+                    let workflow = workflow.to_string();
+                    let claimed = tokio::task::block_in_place(|| {
+                        member
+                            .bridge
+                            .block(async move { cluster.claim_slot(&workflow, slot).await })
+                    });
+                    match claimed {
+                        Ok(c) => c.is_some(),
+                        Err(e) => {
+                            tracing::warn!(
+                                "cluster: cannot claim a missed slot ({e}); not handled here"
+                            );
+                            false
+                        }
+                    }
+                };
+                catchup::missed_while_down_claiming(&self.shared.engine, &config, now, &claim)
+            }
+        };
         // The same instant as the catch-up, so a marker it just wrote cannot expire.
         let plan = catchup::plan(&config, now);
         for (path, why) in &plan.kept {
