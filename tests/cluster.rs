@@ -1001,3 +1001,47 @@ fn the_catch_up_of_a_whole_cluster_outage_is_planned_once() {
         "missed slots told by more than one daemon: {twice:?}"
     );
 }
+
+#[test]
+fn a_slot_whose_daemon_dies_mid_run_is_taken_over_and_committed_once() {
+    let server = NatsServer::start();
+    let mut tick = util::Spec::new("tick", "cat >/dev/null\nsleep 3\necho '{}'\n")
+        .trigger("schedule = { cron = \"*/5 * * * * *\" }")
+        .key("{{ trigger.scheduled_for }}");
+    tick.commit = Some(KEEP_CONTEXT.into());
+    let mut three = three(&server, &[tick]);
+    let victim = holder_of(&three, "tick");
+    let name = three.views[victim].steward(&["status", "--json"]).json()["cluster"]["daemon"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let running =
+        three.views[victim].steward(&["runs", "-w", "tick", "--status", "running", "--json"]);
+    let runs: Vec<serde_json::Value> = serde_json::from_str(&running.stdout).unwrap();
+    let slot = runs[0]["trigger"]["scheduled_for"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    three.daemons[victim].signal(nix::sys::signal::Signal::SIGKILL);
+    let of_slot = |three: &Three| -> Vec<serde_json::Value> {
+        three
+            .commits()
+            .into_iter()
+            .filter(|c| c["trigger"]["scheduled_for"] == slot.as_str())
+            .collect()
+    };
+    util::wait_for(
+        "the slot's run, taken over",
+        Duration::from_secs(40),
+        || !of_slot(&three).is_empty(),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let commits = of_slot(&three);
+    assert_eq!(commits.len(), 1, "{commits:#?}\n{}", three.logs());
+    assert_eq!(
+        commits[0]["trigger"]["taken_over_from"],
+        name.as_str(),
+        "{commits:#?}"
+    );
+    let _ = three.daemons.remove(victim);
+}

@@ -10,6 +10,9 @@ use super::error::ClusterError;
 /// Slot claims: `WORKFLOW.SLOT` (the slot as Unix seconds). Kept a week: past that, the
 /// catch-up policy does not reach a slot.
 pub const SLOTS: &str = "steward_slots";
+/// Slot claims whose run has not ended: the same keys as [`SLOTS`], removed when the run
+/// ends, so a gone daemon's unfinished slots are found without reading every claim.
+pub const OPEN_SLOTS: &str = "steward_open_slots";
 /// Idempotency keys: `WORKFLOW.KEY` (see [`super::key_part`]).
 pub const KEYS: &str = "steward_keys";
 /// Heartbeats: one entry per live daemon, gone `heartbeat` after its last beat.
@@ -19,6 +22,16 @@ pub fn slots() -> kv::Config {
     kv::Config {
         bucket: SLOTS.into(),
         description: "steward: schedule slots claimed, one daemon each".into(),
+        history: 1,
+        max_age: Duration::from_secs(7 * 24 * 3600),
+        ..Default::default()
+    }
+}
+
+pub fn open_slots() -> kv::Config {
+    kv::Config {
+        bucket: OPEN_SLOTS.into(),
+        description: "steward: slots claimed whose run has not ended".into(),
         history: 1,
         max_age: Duration::from_secs(7 * 24 * 3600),
         ..Default::default()

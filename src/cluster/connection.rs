@@ -19,6 +19,7 @@ pub struct Cluster {
     client: async_nats::Client,
     pub(super) js: jetstream::Context,
     pub(super) slots: jetstream::kv::Store,
+    pub(super) open_slots: jetstream::kv::Store,
     pub(super) keys: jetstream::kv::Store,
     pub(super) daemons: jetstream::kv::Store,
     pub(super) webhooks: jetstream::kv::Store,
@@ -54,6 +55,7 @@ impl Cluster {
             .map_err(|e| connect_error(e.to_string()))?;
         let js = jetstream::new(client.clone());
         let slots = buckets::open(&js, buckets::slots()).await?;
+        let open_slots = buckets::open(&js, buckets::open_slots()).await?;
         let keys = buckets::open(&js, buckets::keys()).await?;
         let daemons = buckets::open(&js, buckets::daemons(settings.heartbeat)).await?;
         let webhooks = buckets::open(&js, super::webhooks::bucket()).await?;
@@ -63,6 +65,7 @@ impl Cluster {
             client,
             js,
             slots,
+            open_slots,
             keys,
             daemons,
             webhooks,

@@ -16,6 +16,16 @@ use super::queue::Puller;
 use super::slots::Claim;
 use crate::config::cluster::Cluster as Settings;
 
+/// A gone daemon's slot, taken over by this one: run it.
+#[derive(Debug, Clone)]
+pub struct TakenSlot {
+    pub workflow: String,
+    pub slot: DateTime<Utc>,
+    /// The daemon that had claimed it.
+    pub from: String,
+    pub claim: Claim,
+}
+
 /// A daemon's membership; clones share it.
 #[derive(Clone, Debug)]
 pub struct Member {
@@ -63,8 +73,13 @@ impl Member {
     }
 
     /// Keeps the heartbeat going (with `in_flight` runs), and every heartbeat frees what
-    /// gone daemons held, until [`Member::leave`].
-    pub fn start(&self, in_flight: impl Fn() -> u64 + Send + Sync + 'static) {
+    /// gone daemons held — their keys, and their open slots, each handed to `take_over`
+    /// to be run here — until [`Member::leave`].
+    pub fn start(
+        &self,
+        in_flight: impl Fn() -> u64 + Send + Sync + 'static,
+        take_over: impl Fn(TakenSlot) + Send + Sync + 'static,
+    ) {
         self.bridge.spawn(keep_beating(
             self.cluster.clone(),
             self.started_at,
@@ -92,8 +107,29 @@ impl Member {
                     }
                     Err(e) => tracing::warn!("cluster: cannot look for gone daemons: {e}"),
                 }
+                match cluster.take_over_open_slots().await {
+                    Ok(taken) => {
+                        for (workflow, slot, from, claim) in taken {
+                            tracing::warn!(workflow = %workflow, %slot, from = %from, "cluster: a gone daemon's slot had not finished: taken over, running it here");
+                            take_over(TakenSlot { workflow, slot, from, claim });
+                        }
+                    }
+                    Err(e) => tracing::warn!("cluster: cannot look for gone daemons' slots: {e}"),
+                }
             }
         });
+    }
+
+    /// The run of a slot this daemon claimed ended: the slot is no longer open.
+    pub async fn finish_slot(&self, claim: Claim) {
+        let cluster = self.cluster.clone();
+        let done = self
+            .bridge
+            .run(async move { cluster.finish_slot(&claim).await })
+            .await;
+        if let Ok(Err(e)) | Err(e) = done {
+            tracing::warn!("cluster: cannot mark a slot finished ({e}); were this daemon to die now, another would run it again");
+        }
     }
 
     /// Stops the heartbeat; the last beat is deleted, so the others need not wait it out.

@@ -7,6 +7,11 @@
 //! that is gone, by compare-and-set on that revision; the commit of a run checks that its
 //! claim still stands ([`Cluster::holds`]), so a daemon that was only cut off, and comes
 //! back, does not commit a slot another daemon ran.
+//!
+//! A claim stays *open* (in a bucket of its own) until its run ends. A daemon that dies
+//! with a slot's run in flight leaves it open; once its heartbeat is gone another daemon
+//! takes the slot over ([`Cluster::take_over_open_slots`]) and runs it, so scheduled work
+//! in flight is not lost with a node.
 
 use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
@@ -46,8 +51,16 @@ impl Cluster {
     ) -> Result<Option<Claim>, ClusterError> {
         let key = slot_key(workflow, slot);
         let claim = self.slot_claim(workflow, slot);
-        match self.slots.create(&key, claim.into()).await {
-            Ok(revision) => Ok(Some(Claim { key, revision })),
+        match self.slots.create(&key, claim.clone().into()).await {
+            Ok(revision) => {
+                // Open until its run ends (a daemon that dies between these two writes
+                // leaves a slot no one takes over: a window of one round trip).
+                self.open_slots
+                    .put(&key, claim.into())
+                    .await
+                    .map_err(ClusterError::store)?;
+                Ok(Some(Claim { key, revision }))
+            }
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
             Err(e) => Err(ClusterError::store(e)),
         }
@@ -84,8 +97,18 @@ impl Cluster {
     ) -> Result<Option<Claim>, ClusterError> {
         let key = slot_key(workflow, slot);
         let claim = self.slot_claim(workflow, slot);
-        match self.slots.update(&key, claim.into(), revision).await {
-            Ok(revision) => Ok(Some(Claim { key, revision })),
+        match self
+            .slots
+            .update(&key, claim.clone().into(), revision)
+            .await
+        {
+            Ok(revision) => {
+                self.open_slots
+                    .put(&key, claim.into())
+                    .await
+                    .map_err(ClusterError::store)?;
+                Ok(Some(Claim { key, revision }))
+            }
             Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
             Err(e) => Err(ClusterError::store(e)),
         }
@@ -103,6 +126,50 @@ impl Cluster {
             entry
                 .is_some_and(|e| e.revision == claim.revision && e.operation == kv::Operation::Put),
         )
+    }
+
+    /// The slot's run ended (whatever its outcome): no longer open, so nobody takes it
+    /// over. Only while `claim` still stands.
+    pub async fn finish_slot(&self, claim: &Claim) -> Result<(), ClusterError> {
+        if self.holds(claim).await? {
+            self.open_slots
+                .delete(&claim.key)
+                .await
+                .map_err(ClusterError::store)?;
+        }
+        Ok(())
+    }
+
+    /// Takes over every open slot whose holder is gone: (workflow, slot, the gone
+    /// daemon, the new claim) for each this daemon now holds. Two daemons reaping at once
+    /// take each slot once (compare-and-set on the claim's revision).
+    pub async fn take_over_open_slots(
+        &self,
+    ) -> Result<Vec<(String, DateTime<Utc>, String, Claim)>, ClusterError> {
+        use futures_util::StreamExt;
+        let mut keys = self.open_slots.keys().await.map_err(ClusterError::store)?;
+        let mut taken = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(ClusterError::store)?;
+            let Some(entry) = self.slots.entry(&key).await.map_err(ClusterError::store)? else {
+                continue;
+            };
+            let Ok(claim) = serde_json::from_slice::<SlotClaim>(&entry.value) else {
+                continue;
+            };
+            // Past a day, a slot is the catch-up's to judge, not a take-over's.
+            let stale = Utc::now() - claim.slot > chrono::Duration::days(1);
+            if stale || claim.daemon == self.daemon || self.is_alive(&claim.daemon).await? {
+                continue;
+            }
+            if let Some(mine) = self
+                .take_over_slot(&claim.workflow, claim.slot, entry.revision)
+                .await?
+            {
+                taken.push((claim.workflow, claim.slot, claim.daemon, mine));
+            }
+        }
+        Ok(taken)
     }
 
     fn slot_claim(&self, workflow: &str, slot: DateTime<Utc>) -> Vec<u8> {

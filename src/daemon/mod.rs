@@ -128,7 +128,14 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     });
     if let (Some(member), Some(store)) = (&member, &member_store) {
         let runner = shared.runner.clone();
-        member.start(move || runner.in_flight().len() as u64);
+        let here = tokio::runtime::Handle::current();
+        let owner = shared.clone();
+        member.start(
+            move || runner.in_flight().len() as u64,
+            move |taken| {
+                here.spawn(triggers::run_taken_over(owner.clone(), taken));
+            },
+        );
         let runner = shared.runner.clone();
         store.set_in_flight(Arc::new(move |run_id| {
             runner.in_flight().iter().any(|r| r.run_id == run_id)

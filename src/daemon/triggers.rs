@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::shared::Shared;
 use crate::catchup;
+use crate::cluster::slots::Claim;
 use crate::config::{Trigger, Workflow};
 use crate::governed::Fire;
 use crate::store::RunState;
@@ -126,21 +127,43 @@ const QUEUE_ATTEMPTS: u32 = 5;
 /// Whether this daemon fires `workflow`'s `slot`: always alone; in a cluster, when it
 /// claimed the slot (another daemon fires it otherwise). A store it cannot reach fires
 /// nothing: the slot is told missed, as when the daemon was down.
-async fn claimed(shared: &Shared, workflow: &str, slot: DateTime<Utc>) -> bool {
+async fn claimed(shared: &Shared, workflow: &str, slot: DateTime<Utc>) -> Option<Option<Claim>> {
     let Some(member) = &shared.member else {
-        return true;
+        return Some(None);
     };
     match member.claim_slot(workflow, slot).await {
-        Ok(Some(_)) => true,
+        Ok(Some(claim)) => Some(Some(claim)),
         Ok(None) => {
             tracing::debug!(workflow, %slot, "cluster: another daemon claimed this slot");
-            false
+            None
         }
         Err(e) => {
             tracing::warn!(workflow, %slot, "cluster: cannot claim the slot ({e}); not firing it");
-            false
+            None
         }
     }
+}
+
+/// After a claimed slot's run: the slot is finished, unless the run was cut short by a
+/// stop (then another daemon takes it over and runs it, once this one is gone).
+async fn finished(shared: &Shared, claim: Option<Claim>, rec: Option<&crate::store::RunRecord>) {
+    let (Some(member), Some(claim)) = (&shared.member, claim) else {
+        return;
+    };
+    if rec.is_some_and(|r| r.state != RunState::Interrupted) {
+        member.finish_slot(claim).await;
+    }
+}
+
+/// Runs a slot taken over from a gone daemon (see [`crate::cluster::slots`]).
+pub(super) async fn run_taken_over(shared: Arc<Shared>, taken: crate::cluster::member::TakenSlot) {
+    let fire = Fire::new(
+        "schedule",
+        Some(taken.slot),
+        json!({ "taken_over_from": taken.from }),
+    );
+    let rec = shared.fire(&taken.workflow, fire).await;
+    finished(&shared, Some(taken.claim), rec.as_ref()).await;
 }
 
 impl Triggers {
@@ -285,12 +308,13 @@ impl Triggers {
                         let shared = shared.clone();
                         let id = id.clone();
                         tokio::spawn(async move {
-                            if !claimed(&shared, &id, slot).await {
+                            let Some(claim) = claimed(&shared, &id, slot).await else {
                                 return;
-                            }
-                            shared
+                            };
+                            let rec = shared
                                 .fire(&id, Fire::new("schedule", Some(slot), json!({})))
                                 .await;
+                            finished(&shared, claim, rec.as_ref()).await;
                         });
                     })
                 };
