@@ -40,7 +40,13 @@ pub const DEFAULT_KEEP: usize = 5;
 #[derive(Clone)]
 pub struct RunLog {
     inner: Arc<Mutex<Inner>>,
+    /// Where each line goes besides the file (a cluster's log stream), if anywhere.
+    tee: Arc<std::sync::RwLock<Option<Tee>>>,
 }
+
+/// Takes a copy of each runlog line as written (redacted, with its newline); must not
+/// block.
+pub type Tee = Box<dyn Fn(&str) + Send + Sync>;
 
 struct Inner {
     path: PathBuf,
@@ -67,6 +73,7 @@ impl RunLog {
                 max_bytes: max_bytes.max(1024),
                 keep: keep.max(1),
             })),
+            tee: Arc::new(std::sync::RwLock::new(None)),
         })
     }
 
@@ -86,7 +93,16 @@ impl RunLog {
         inner.file.write_all(line.as_bytes())?;
         inner.file.flush()?;
         inner.size += line.len() as u64;
+        drop(inner);
+        if let Some(tee) = self.tee.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            tee(&line);
+        }
         Ok(())
+    }
+
+    /// Sends a copy of every line from now on to `tee` too (every clone of this log).
+    pub fn set_tee(&self, tee: Tee) {
+        *self.tee.write().unwrap_or_else(|p| p.into_inner()) = Some(tee);
     }
 }
 

@@ -565,6 +565,32 @@ fn a_thousand_queue_items_each_commit_once_across_three_daemons() {
     assert_eq!(items.len(), total, "{}", three.logs());
     let twice: Vec<_> = items.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "items committed twice: {twice:?}");
+    // The cluster's runlog holds every daemon's lines: each run's end once.
+    let out =
+        three.views[2].steward(&["logs", "--cluster", "--json", "-n", "100000", "-w", "work"]);
+    assert_eq!(out.code, 0, "{out}");
+    let ends: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["step"] == "end" && e["status"] == "success")
+        .collect();
+    assert_eq!(
+        ends.len(),
+        total,
+        "{}",
+        &out.stdout[..out.stdout.len().min(2000)]
+    );
+    let daemons = counts(
+        ends.iter()
+            .map(|e| e["daemon"].as_str().unwrap_or("").to_string()),
+    );
+    assert!(
+        daemons.len() >= 2 && !daemons.contains_key(""),
+        "{daemons:?}"
+    );
+    let text = three.views[0].steward(&["logs", "--cluster", "-n", "5"]);
+    assert_eq!(text.stdout.lines().count(), 5, "{text}");
 }
 
 /// Which of the three daemons has a run of `workflow` in flight, waited for.

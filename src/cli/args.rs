@@ -172,6 +172,10 @@ pub enum Command {
         /// Start with the last N records
         #[arg(long, short = 'n', default_value_t = 50)]
         lines: usize,
+        /// Every daemon's runlog, from the cluster's log stream (needs `[cluster]`);
+        /// each line names its daemon
+        #[arg(long)]
+        cluster: bool,
     },
     /// The dead-letter queue: failed, exhausted and stagnated runs with full context
     #[command(subcommand, name = "dead-letter")]

@@ -104,3 +104,78 @@ fn emit(line: &str, json: bool) -> bool {
         }
     }
 }
+
+/// `steward logs --cluster`: the last `last` lines of every daemon's runlog from the
+/// cluster's log stream (filtered), then with `follow` each new one. A line reads as
+/// `steward logs` prints it, after the daemon's name (`--json`: the raw line, with a
+/// `daemon` field added).
+pub fn print_cluster(
+    settings: &crate::config::cluster::ClusterSettings,
+    filter: Filter,
+    last: usize,
+    json: bool,
+    follow: bool,
+) -> Result<()> {
+    let settings = settings.check().map_err(|p| {
+        anyhow::anyhow!(
+            "[cluster] in steward.toml: {}",
+            p.into_iter()
+                .map(|(k, why)| format!("{k}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )
+    })?;
+    let bridge = crate::cluster::bridge::Bridge::start()?;
+    let name = format!("cli-{}", crate::cluster::Cluster::daemon_name());
+    // Filtered lines are not counted: ask for more than `last` when filtering.
+    let want = if filter.run.is_some() || filter.workflow.is_some() {
+        u64::MAX / 2
+    } else {
+        last as u64
+    };
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
+    let (sink, settings_c) = (lines.clone(), settings.clone());
+    let keep = move |daemon: &str, line: &str| -> bool {
+        let entry = parse(line);
+        if entry.as_ref().is_some_and(|e| !filter.keeps(e)) {
+            return true;
+        }
+        if follow {
+            return emit_cluster(daemon, line, json);
+        }
+        sink.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((daemon.to_string(), line.to_string()));
+        true
+    };
+    bridge.block(async move {
+        let cluster = crate::cluster::Cluster::connect(&settings_c, name).await?;
+        cluster.read_log(want, follow, keep).await
+    })?;
+    let lines = lines.lock().unwrap_or_else(|p| p.into_inner());
+    for (daemon, line) in &lines[lines.len().saturating_sub(last)..] {
+        if !emit_cluster(daemon, line, json) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// One line of the cluster's log; false once stdout's reader is gone.
+fn emit_cluster(daemon: &str, line: &str, json: bool) -> bool {
+    if json {
+        let mut v: serde_json::Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(_) => return super::output::print_out(line),
+        };
+        v["daemon"] = serde_json::Value::String(daemon.to_string());
+        return super::output::print_out(&format!("{v}\n"));
+    }
+    match parse(line) {
+        Some(e) => super::output::print_out(&format!("{daemon}  {}\n", runlog::render(&e))),
+        None => super::output::print_out(&format!(
+            "{daemon}  (unreadable runlog line) {}\n",
+            line.trim_end()
+        )),
+    }
+}

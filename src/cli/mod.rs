@@ -156,6 +156,31 @@ fn run_cli(cli: Cli) -> Result<i32> {
             run,
             workflow,
             lines,
+            cluster: true,
+        } => {
+            let settings = crate::config::Settings::load_lenient(&config).cluster;
+            let Some(settings) = settings else {
+                anyhow::bail!(
+                    "--cluster: {} has no [cluster] table",
+                    config.join("steward.toml").display()
+                );
+            };
+            logs::print_cluster(
+                &settings,
+                logs::Filter { run, workflow },
+                lines,
+                json,
+                follow,
+            )?;
+            Ok(0)
+        }
+        Command::Logs {
+            follow,
+            json,
+            run,
+            workflow,
+            lines,
+            cluster: false,
         } => {
             logs::print(&state, logs::Filter { run, workflow }, lines, json, follow)?;
             Ok(0)

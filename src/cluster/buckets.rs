@@ -18,6 +18,21 @@ pub const KEYS: &str = "steward_keys";
 /// Heartbeats: one entry per live daemon, gone `heartbeat` after its last beat.
 pub const DAEMONS: &str = "steward_daemons";
 
+/// Webhook deliveries seen: `WORKFLOW.ID`.
+pub const WEBHOOKS: &str = "steward_webhooks";
+
+pub fn webhooks() -> kv::Config {
+    kv::Config {
+        bucket: WEBHOOKS.into(),
+        description: "steward: webhook deliveries seen, for as long as a replay could verify"
+            .into(),
+        history: 1,
+        // An upper bound: each entry says how long it counts (`until`).
+        max_age: Duration::from_secs(30 * 24 * 3600),
+        ..Default::default()
+    }
+}
+
 pub fn slots() -> kv::Config {
     kv::Config {
         bucket: SLOTS.into(),

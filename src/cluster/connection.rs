@@ -58,7 +58,7 @@ impl Cluster {
         let open_slots = buckets::open(&js, buckets::open_slots()).await?;
         let keys = buckets::open(&js, buckets::keys()).await?;
         let daemons = buckets::open(&js, buckets::daemons(settings.heartbeat)).await?;
-        let webhooks = buckets::open(&js, super::webhooks::bucket()).await?;
+        let webhooks = buckets::open(&js, buckets::webhooks()).await?;
         Ok(Cluster {
             daemon,
             settings: settings.clone(),

@@ -14,6 +14,7 @@
 //! - [`cases`]: an agency case's events on a subject of their own; an append expects the
 //!   subject's last sequence, so of two drivers the server takes one.
 //! - [`webhooks`]: deliveries seen, so a replay to another daemon runs nothing.
+//! - [`log`]: every daemon's runlog lines in one stream, for `steward logs --cluster`.
 //! - [`heartbeat`]: each daemon's heartbeat in a bucket whose entries expire. Whether a
 //!   daemon is gone is decided by the server's clock alone, never by comparing two
 //!   machines' clocks.
@@ -28,6 +29,7 @@ pub mod connection;
 pub mod error;
 pub mod heartbeat;
 pub mod keys;
+pub mod log;
 pub mod member;
 pub mod names;
 pub mod queue;

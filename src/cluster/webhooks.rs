@@ -3,31 +3,15 @@
 //! second daemon must find the first sighting. Each is a key created only if absent (or
 //! taken over, compare-and-set, once past its time), like the one machine's tree.
 
-use std::time::Duration;
-
 use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 
+use super::buckets::WEBHOOKS as BUCKET;
 use super::connection::Cluster;
 use super::error::ClusterError;
 use super::names::key_part;
 use crate::store::SeenDelivery;
-
-/// Deliveries seen: `WORKFLOW.ID`.
-pub const BUCKET: &str = "steward_webhooks";
-
-pub fn bucket() -> kv::Config {
-    kv::Config {
-        bucket: BUCKET.into(),
-        description: "steward: webhook deliveries seen, for as long as a replay could verify"
-            .into(),
-        history: 1,
-        // An upper bound: each entry says how long it counts (`until`).
-        max_age: Duration::from_secs(30 * 24 * 3600),
-        ..Default::default()
-    }
-}
 
 impl Cluster {
     /// Remembers `workflow`'s delivery `id` as `seen`, unless a sighting not past its time

@@ -329,6 +329,19 @@ async fn join_cluster(
         servers = %settings.servers.join(", "),
         "cluster: joined; slots, idempotency keys and queue items are shared through NATS JetStream"
     );
+    // The runlog's lines go to the cluster's log stream too, sent without waiting.
+    let cluster = member.cluster.clone();
+    let bridge = member.bridge.clone();
+    let _ = bridge
+        .run({
+            let cluster = cluster.clone();
+            async move { cluster.log_stream().await }
+        })
+        .await;
+    engine.runlog.set_tee(Box::new(move |line: &str| {
+        let (cluster, line) = (cluster.clone(), line.to_string());
+        bridge.spawn(async move { cluster.send_log_line(line).await });
+    }));
     let store = Arc::new(crate::cluster::store::MemberStore::new(
         engine.store.clone(),
         member.cluster.clone(),
