@@ -116,15 +116,7 @@ pub fn print_cluster(
     json: bool,
     follow: bool,
 ) -> Result<()> {
-    let settings = settings.check().map_err(|p| {
-        anyhow::anyhow!(
-            "[cluster] in steward.toml: {}",
-            p.into_iter()
-                .map(|(k, why)| format!("{k}: {why}"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        )
-    })?;
+    let settings = settings.checked()?;
     let bridge = crate::cluster::bridge::Bridge::start()?;
     let name = format!("cli-{}", crate::cluster::Cluster::daemon_name());
     // Filtered lines are not counted: ask for more than `last` when filtering.

@@ -192,15 +192,7 @@ pub fn enqueue_once(
     queue: &str,
     payload: &serde_json::Value,
 ) -> anyhow::Result<String> {
-    let settings = settings.check().map_err(|p| {
-        anyhow::anyhow!(
-            "[cluster] in steward.toml: {}",
-            p.into_iter()
-                .map(|(k, why)| format!("{k}: {why}"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        )
-    })?;
+    let settings = settings.checked()?;
     let bridge = Bridge::start()?;
     let bytes = serde_json::to_vec(payload)?;
     let name = format!("cli-{}", Cluster::daemon_name());

@@ -110,6 +110,25 @@ impl ClusterSettings {
     }
 }
 
+/// `[cluster]` as written cannot be used: each problem as `key: what`.
+#[derive(Debug, thiserror::Error)]
+#[error("[cluster] in steward.toml: {}", .0.join("; "))]
+pub struct ClusterSettingsError(pub Vec<String>);
+
+impl ClusterSettings {
+    /// [`ClusterSettings::check`], its problems in one error.
+    pub fn checked(&self) -> Result<Cluster, ClusterSettingsError> {
+        self.check().map_err(|problems| {
+            ClusterSettingsError(
+                problems
+                    .into_iter()
+                    .map(|(key, why)| format!("{key}: {why}"))
+                    .collect(),
+            )
+        })
+    }
+}
+
 /// What is wrong with a server URL, if anything. Credentials belong in the environment:
 /// a URL that carries a password would put it in the config folder and in logs.
 fn url_problem(url: &str) -> Option<String> {

@@ -312,15 +312,7 @@ async fn join_cluster(
     let Some(settings) = &config.settings.cluster else {
         return Ok(None);
     };
-    let settings = settings.check().map_err(|p| {
-        anyhow!(
-            "[cluster] in steward.toml: {}",
-            p.into_iter()
-                .map(|(k, why)| format!("{k}: {why}"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        )
-    })?;
+    let settings = settings.checked()?;
     let member = crate::cluster::Member::join(&settings)
         .await
         .context("cannot join the cluster ([cluster] in steward.toml)")?;
