@@ -382,8 +382,8 @@ async fn an_item_past_its_attempts_goes_to_the_dead_letter_stream_with_its_conte
 // ---- real daemons -------------------------------------------------------------------
 
 /// Three daemons on one config folder (the first `Env`'s), each with a state folder of
-/// its own, on `server`. Each state folder approves the live workflows (approvals are
-/// still kept per daemon).
+/// its own, on `server`. The live workflows are approved once, through the first state
+/// folder: approvals are the cluster's.
 struct Three {
     env: util::Env,
     views: Vec<util::Env>,
@@ -420,11 +420,10 @@ fn three_with(
             state: env.path(&format!("state-{i}")),
         })
         .collect();
-    for view in &views {
-        for w in workflows {
-            let out = view.steward(&["go-live", &w.id]);
-            assert_eq!(out.code, 0, "{out}");
-        }
+    // One approval, through one daemon's state folder, holds for the whole cluster.
+    for w in workflows {
+        let out = views[0].steward(&["go-live", &w.id]);
+        assert_eq!(out.code, 0, "{out}");
     }
     let daemons = views.iter().map(|v| v.daemon(&[])).collect();
     Three {
@@ -591,6 +590,21 @@ fn a_thousand_queue_items_each_commit_once_across_three_daemons() {
     );
     let text = three.views[0].steward(&["logs", "--cluster", "-n", "5"]);
     assert_eq!(text.stdout.lines().count(), 5, "{text}");
+    // Approved once through the first daemon; withdrawn through the second, it is dry
+    // on the third.
+    let live = |view: &util::Env| {
+        view.steward(&["status", "--json"]).json()["workflows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["id"] == "work")
+            .unwrap()["live"]
+            .clone()
+    };
+    assert_eq!(live(&three.views[2]), true);
+    let out = three.views[1].steward(&["dry-run", "work"]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(live(&three.views[2]), false);
 }
 
 /// Which of the three daemons has a run of `workflow` in flight, waited for.

@@ -411,9 +411,13 @@ fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response
             "no steward daemon is running on state folder {} (start one with `steward daemon`)",
             state.display()
         ),
-        // A queue item needs no store: the daemon takes it when it starts.
+        // A queue item needs no store: the daemon takes it when it starts (in a cluster,
+        // the cluster's queue takes it now).
         Request::Enqueue { queue, payload } => {
-            let item = crate::trigger::queue::write_item(state, queue, payload)?;
+            let item = match crate::config::Settings::load_lenient(config).cluster {
+                Some(cluster) => crate::cluster::member::enqueue_once(&cluster, queue, payload)?,
+                None => crate::trigger::queue::write_item(state, queue, payload)?,
+            };
             let warning = crate::service::load_config(config)
                 .ok()
                 .and_then(|c| crate::service::unread_queue_warning(&c, queue));
@@ -429,6 +433,12 @@ fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response
     let settings = crate::config::Settings::load_lenient(config);
     engine.store.set_retention(settings.retention());
     block_on(async {
+        // In a cluster, this process is a member for as long as the command runs: the
+        // keys, approvals and cases it touches are the cluster's.
+        let member = match &settings.cluster {
+            Some(cluster) => Some(join_here(cluster, &mut engine).await?),
+            None => None,
+        };
         // Runs made here call models through a gateway of this process's own.
         let stop_gateway = tokio_util::sync::CancellationToken::new();
         engine.gateway = match crate::gateway::Gateway::start(
@@ -454,8 +464,31 @@ fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response
         let response = service.handle(request).await;
         watcher.abort();
         stop_gateway.cancel();
+        if let Some(member) = member {
+            member.leave().await;
+        }
         Ok(response)
     })
+}
+
+/// Joins the cluster for one command and keeps the engine's shared state there.
+async fn join_here(
+    cluster: &crate::config::cluster::ClusterSettings,
+    engine: &mut Engine,
+) -> Result<crate::cluster::Member> {
+    let settings = cluster.checked()?;
+    let member = crate::cluster::Member::join(&settings)
+        .await
+        .context("cannot join the cluster ([cluster] in steward.toml)")?;
+    member.beat_only();
+    engine.store = crate::store::Store::from_backend(std::sync::Arc::new(
+        crate::cluster::store::MemberStore::new(
+            engine.store.clone(),
+            member.cluster.clone(),
+            member.bridge.clone(),
+        ),
+    ));
+    Ok(member)
 }
 
 /// Runs at once in the CLI's own process (no daemon), as the daemon's default.

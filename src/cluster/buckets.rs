@@ -18,6 +18,18 @@ pub const KEYS: &str = "steward_keys";
 /// Heartbeats: one entry per live daemon, gone `heartbeat` after its last beat.
 pub const DAEMONS: &str = "steward_daemons";
 
+/// Go-live approvals, by workflow.
+pub const APPROVALS: &str = "steward_approvals";
+
+pub fn approvals() -> kv::Config {
+    kv::Config {
+        bucket: APPROVALS.into(),
+        description: "steward: go-live approvals, bound to each workflow file's sha256".into(),
+        history: 1,
+        ..Default::default()
+    }
+}
+
 /// Webhook deliveries seen: `WORKFLOW.ID`.
 pub const WEBHOOKS: &str = "steward_webhooks";
 

@@ -23,6 +23,7 @@ pub struct Cluster {
     pub(super) keys: jetstream::kv::Store,
     pub(super) daemons: jetstream::kv::Store,
     pub(super) webhooks: jetstream::kv::Store,
+    pub(super) approvals: jetstream::kv::Store,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -59,6 +60,7 @@ impl Cluster {
         let keys = buckets::open(&js, buckets::keys()).await?;
         let daemons = buckets::open(&js, buckets::daemons(settings.heartbeat)).await?;
         let webhooks = buckets::open(&js, buckets::webhooks()).await?;
+        let approvals = buckets::open(&js, buckets::approvals()).await?;
         Ok(Cluster {
             daemon,
             settings: settings.clone(),
@@ -69,6 +71,7 @@ impl Cluster {
             keys,
             daemons,
             webhooks,
+            approvals,
         })
     }
 

@@ -72,6 +72,17 @@ impl Member {
         }
     }
 
+    /// Keeps the heartbeat going, and nothing else: for a command run where no daemon
+    /// is, whose own runs hold keys in the cluster like a daemon's.
+    pub fn beat_only(&self) {
+        self.bridge.spawn(keep_beating(
+            self.cluster.clone(),
+            self.started_at,
+            || 0,
+            self.stop.clone(),
+        ));
+    }
+
     /// Keeps the heartbeat going (with `in_flight` runs), and every heartbeat frees what
     /// gone daemons held — their keys, and their open slots, each handed to `take_over`
     /// to be run here — until [`Member::leave`].

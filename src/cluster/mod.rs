@@ -13,6 +13,7 @@
 //!   into a dead-letter stream after `max_attempts`.
 //! - [`cases`]: an agency case's events on a subject of their own; an append expects the
 //!   subject's last sequence, so of two drivers the server takes one.
+//! - [`approvals`]: go-live approvals, one for the whole cluster.
 //! - [`webhooks`]: deliveries seen, so a replay to another daemon runs nothing.
 //! - [`log`]: every daemon's runlog lines in one stream, for `steward logs --cluster`.
 //! - [`heartbeat`]: each daemon's heartbeat in a bucket whose entries expire. Whether a
@@ -22,6 +23,7 @@
 //! Buckets are made on first connection with fixed settings ([`buckets`]), so every daemon
 //! of a cluster finds the same ones.
 
+pub mod approvals;
 pub mod bridge;
 pub mod buckets;
 pub mod cases;

@@ -1,9 +1,9 @@
 //! The store of a daemon in a cluster: what must be decided once for the whole cluster —
 //! idempotency keys ([`super::keys`], compare-and-set on revision), agency cases
-//! ([`super::cases`], appends that expect the last sequence) and webhook deliveries seen
-//! ([`super::webhooks`]) — is kept in the cluster;
-//! the rest stays in this daemon's own store for now (runs, review, dead
-//! letters, approvals, pauses, the alert outbox; the next step of issue 28 moves them).
+//! ([`super::cases`], appends that expect the last sequence), webhook deliveries seen
+//! ([`super::webhooks`]) and go-live approvals ([`super::approvals`]) — is kept in the
+//! cluster; the rest stays in this daemon's own store for now (runs, review, dead
+//! letters, pauses, the alert outbox; the next step of issue 28 moves them).
 //!
 //! A key this daemon reserved is held with a lease (the revision it last wrote); each move
 //! of the key is made at that revision, so a daemon whose key was freed or taken over
@@ -470,15 +470,27 @@ impl Backend for MemberStore {
     }
 
     fn approval(&self, workflow: &str) -> Result<Option<Approval>> {
-        self.local.approval(workflow)
+        let workflow = workflow.to_string();
+        self.call(move |c| {
+            let workflow = workflow.clone();
+            async move { c.approval(&workflow).await }
+        })
     }
 
     fn approve_go_live(&self, approval: &Approval) -> Result<()> {
-        self.local.approve_go_live(approval)
+        let approval = approval.clone();
+        self.call(move |c| {
+            let approval = approval.clone();
+            async move { c.approve_go_live(&approval).await }
+        })
     }
 
     fn revoke_go_live(&self, workflow: &str) -> Result<bool> {
-        self.local.revoke_go_live(workflow)
+        let workflow = workflow.to_string();
+        self.call(move |c| {
+            let workflow = workflow.clone();
+            async move { c.revoke_go_live(&workflow).await }
+        })
     }
 
     fn pause(&self, pause: &Pause) -> Result<()> {
