@@ -21,6 +21,13 @@ fn subject(case: &str) -> String {
 
 impl Cluster {
     async fn case_stream(&self) -> Result<stream::Stream, ClusterError> {
+        self.case_stream
+            .get_or_try_init(|| self.make_case_stream())
+            .await
+            .cloned()
+    }
+
+    async fn make_case_stream(&self) -> Result<stream::Stream, ClusterError> {
         self.js
             .get_or_create_stream(stream::Config {
                 name: STREAM.into(),

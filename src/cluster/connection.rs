@@ -1,5 +1,6 @@
 //! The connection to the cluster's NATS server, and the buckets every daemon opens.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -24,6 +25,10 @@ pub struct Cluster {
     pub(super) daemons: jetstream::kv::Store,
     pub(super) webhooks: jetstream::kv::Store,
     pub(super) approvals: jetstream::kv::Store,
+    /// The queue and case streams, made or found once (each enqueue and append used to
+    /// ask the server first).
+    pub(super) queue_stream: Arc<tokio::sync::OnceCell<jetstream::stream::Stream>>,
+    pub(super) case_stream: Arc<tokio::sync::OnceCell<jetstream::stream::Stream>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -72,6 +77,8 @@ impl Cluster {
             daemons,
             webhooks,
             approvals,
+            queue_stream: Default::default(),
+            case_stream: Default::default(),
         })
     }
 

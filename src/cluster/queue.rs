@@ -102,6 +102,13 @@ impl Cluster {
     }
 
     async fn queue_stream(&self) -> Result<stream::Stream, ClusterError> {
+        self.queue_stream
+            .get_or_try_init(|| self.make_queue_stream())
+            .await
+            .cloned()
+    }
+
+    async fn make_queue_stream(&self) -> Result<stream::Stream, ClusterError> {
         self.js
             .get_or_create_stream(stream::Config {
                 name: STREAM.into(),
