@@ -525,32 +525,39 @@ fn sixty_one_second_slots_run_once_each_across_three_daemons() {
     assert!(runners >= 2, "one daemon ran every slot\n{}", three.logs());
 }
 
-#[test]
-fn a_thousand_queue_items_each_commit_once_across_three_daemons() {
-    let server = NatsServer::start();
+/// A live queue workflow `work` on `jobs`, keyed by the payload's `n`, whose commit
+/// keeps its context.
+fn queue_work() -> util::Spec {
     let mut work = util::Spec::new("work", "cat >/dev/null\necho '{}'\n")
         .trigger("queue = \"jobs\"")
         .key("{{ trigger.payload.n }}");
     work.commit = Some(KEEP_CONTEXT.into());
-    let three = three(&server, &[work]);
-    // Enqueued through each daemon's socket, eight at a time.
-    let total = 1000;
+    work
+}
+
+/// Items `{"n": 0..total}` on `jobs`, through the three daemons' sockets in turn, `lanes`
+/// commands at a time.
+fn enqueue_all(three: &Three, total: usize, lanes: usize) {
     std::thread::scope(|s| {
-        for lane in 0..8 {
+        for lane in 0..lanes {
             let views = &three.views;
             s.spawn(move || {
-                for n in (lane..total).step_by(8) {
-                    let out = views[n % 3].steward(&[
-                        "enqueue",
-                        "jobs",
-                        "--payload",
-                        &format!("{{\"n\": {n}}}"),
-                    ]);
+                for n in (lane..total).step_by(lanes) {
+                    let payload = format!("{{\"n\": {n}}}");
+                    let out = views[n % 3].steward(&["enqueue", "jobs", "--payload", &payload]);
                     assert_eq!(out.code, 0, "{out}");
                 }
             });
         }
     });
+}
+
+#[test]
+fn a_thousand_queue_items_each_commit_once_across_three_daemons() {
+    let server = NatsServer::start();
+    let three = three(&server, &[queue_work()]);
+    let total = 1000;
+    enqueue_all(&three, total, 8);
     util::wait_for("1,000 commits", Duration::from_secs(240), || {
         three.commits().len() >= total
     });
@@ -627,7 +634,8 @@ fn holder_of(three: &Three, workflow: &str) -> usize {
 fn a_daemon_killed_mid_run_loses_its_item_to_another_which_commits_it_once() {
     let server = NatsServer::start();
     // The maker takes a while, so the kill lands inside it.
-    let mut slow = util::Spec::new("slow", "cat >/dev/null\nsleep 3\necho '{}'\n")
+    // Long enough for a busy machine to find it in flight, see it in a heartbeat, and kill.
+    let mut slow = util::Spec::new("slow", "cat >/dev/null\nsleep 8\necho '{}'\n")
         .trigger("queue = \"jobs\"")
         .key("{{ trigger.payload.n }}");
     slow.commit = Some(KEEP_CONTEXT.into());
@@ -705,7 +713,7 @@ fn a_daemon_killed_during_its_commit_leaves_the_key_in_doubt_listed_by_the_other
         .trigger("queue = \"jobs\"")
         .key("{{ trigger.payload.n }}");
     careful.commit = Some(format!(
-        "touch \"$MARKS/committing\"\nsleep 3\n{KEEP_CONTEXT}"
+        "touch \"$MARKS/committing\"\nsleep 8\n{KEEP_CONTEXT}"
     ));
     let mut three = three(&server, &[careful]);
     let out = three.views[1].steward(&["enqueue", "jobs", "--payload", "{\"n\": 9}"]);
@@ -745,28 +753,9 @@ fn a_daemon_killed_during_its_commit_leaves_the_key_in_doubt_listed_by_the_other
 #[test]
 fn the_server_stopped_for_ten_seconds_mid_load_loses_and_doubles_nothing() {
     let mut server = NatsServer::start();
-    let mut work = util::Spec::new("work", "cat >/dev/null\necho '{}'\n")
-        .trigger("queue = \"jobs\"")
-        .key("{{ trigger.payload.n }}");
-    work.commit = Some(KEEP_CONTEXT.into());
-    let three = three(&server, &[work]);
+    let three = three(&server, &[queue_work()]);
     let total = 300;
-    std::thread::scope(|s| {
-        for lane in 0..6 {
-            let views = &three.views;
-            s.spawn(move || {
-                for n in (lane..total).step_by(6) {
-                    let out = views[n % 3].steward(&[
-                        "enqueue",
-                        "jobs",
-                        "--payload",
-                        &format!("{{\"n\": {n}}}"),
-                    ]);
-                    assert_eq!(out.code, 0, "{out}");
-                }
-            });
-        }
-    });
+    enqueue_all(&three, total, 6);
     util::wait_for("the load under way", Duration::from_secs(60), || {
         three.commits().len() >= 30
     });
@@ -1045,8 +1034,8 @@ fn the_catch_up_of_a_whole_cluster_outage_is_planned_once() {
 #[test]
 fn a_slot_whose_daemon_dies_mid_run_is_taken_over_and_committed_once() {
     let server = NatsServer::start();
-    let mut tick = util::Spec::new("tick", "cat >/dev/null\nsleep 3\necho '{}'\n")
-        .trigger("schedule = { cron = \"*/5 * * * * *\" }")
+    let mut tick = util::Spec::new("tick", "cat >/dev/null\nsleep 6\necho '{}'\n")
+        .trigger("schedule = { cron = \"*/10 * * * * *\" }")
         .key("{{ trigger.scheduled_for }}");
     tick.commit = Some(KEEP_CONTEXT.into());
     let mut three = three(&server, &[tick]);

@@ -52,15 +52,7 @@ impl Cluster {
         let key = slot_key(workflow, slot);
         let claim = self.slot_claim(workflow, slot);
         match self.slots.create(&key, claim.clone().into()).await {
-            Ok(revision) => {
-                // Open until its run ends (a daemon that dies between these two writes
-                // leaves a slot no one takes over: a window of one round trip).
-                self.open_slots
-                    .put(&key, claim.into())
-                    .await
-                    .map_err(ClusterError::store)?;
-                Ok(Some(Claim { key, revision }))
-            }
+            Ok(revision) => self.opened(key, claim, revision).await.map(Some),
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
             Err(e) => Err(ClusterError::store(e)),
         }
@@ -102,13 +94,7 @@ impl Cluster {
             .update(&key, claim.clone().into(), revision)
             .await
         {
-            Ok(revision) => {
-                self.open_slots
-                    .put(&key, claim.into())
-                    .await
-                    .map_err(ClusterError::store)?;
-                Ok(Some(Claim { key, revision }))
-            }
+            Ok(revision) => self.opened(key, claim, revision).await.map(Some),
             Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
             Err(e) => Err(ClusterError::store(e)),
         }
@@ -126,6 +112,21 @@ impl Cluster {
             entry
                 .is_some_and(|e| e.revision == claim.revision && e.operation == kv::Operation::Put),
         )
+    }
+
+    /// A claim just won at `revision`, marked open until its run ends (a daemon that dies
+    /// between the two writes leaves a slot no one takes over: a window of one round trip).
+    async fn opened(
+        &self,
+        key: String,
+        claim: Vec<u8>,
+        revision: u64,
+    ) -> Result<Claim, ClusterError> {
+        self.open_slots
+            .put(&key, claim.into())
+            .await
+            .map_err(ClusterError::store)?;
+        Ok(Claim { key, revision })
     }
 
     /// The slot's run ended (whatever its outcome): no longer open, so nobody takes it
