@@ -12,6 +12,7 @@ use chrono::{TimeZone, Utc};
 use steward::cluster::Cluster;
 use steward::config::cluster::ClusterSettings;
 use steward::store::KeyPhase;
+use util::cluster::{three, three_with, Three, KEEP_CONTEXT};
 use util::nats::NatsServer;
 
 async fn daemon(server: &NatsServer, name: &str, heartbeat: &str) -> Cluster {
@@ -380,84 +381,6 @@ async fn an_item_past_its_attempts_goes_to_the_dead_letter_stream_with_its_conte
 }
 
 // ---- real daemons -------------------------------------------------------------------
-
-/// Three daemons on one config folder (the first `Env`'s), each with a state folder of
-/// its own, on `server`. The live workflows are approved once, through the first state
-/// folder: approvals are the cluster's.
-struct Three {
-    env: util::Env,
-    views: Vec<util::Env>,
-    daemons: Vec<util::Daemon>,
-}
-
-fn three(server: &NatsServer, workflows: &[util::Spec]) -> Three {
-    three_with(server, workflows, |_| {})
-}
-
-/// [`three`], with `setup` applied to the config folder before the daemons start.
-fn three_with(
-    server: &NatsServer,
-    workflows: &[util::Spec],
-    setup: impl FnOnce(&util::Env),
-) -> Three {
-    let env = util::Env::new();
-    std::fs::write(
-        env.config.join("steward.toml"),
-        format!(
-            "[cluster]\nnats = \"{}\"\nack_wait = \"5s\"\nheartbeat = \"2s\"\n",
-            server.url()
-        ),
-    )
-    .unwrap();
-    for w in workflows {
-        env.workflow(w);
-    }
-    setup(&env);
-    let views: Vec<util::Env> = (0..3)
-        .map(|i| util::Env {
-            dir: tempfile::tempdir().unwrap(),
-            config: env.config.clone(),
-            state: env.path(&format!("state-{i}")),
-        })
-        .collect();
-    // One approval, through one daemon's state folder, holds for the whole cluster.
-    for w in workflows {
-        let out = views[0].steward(&["go-live", &w.id]);
-        assert_eq!(out.code, 0, "{out}");
-    }
-    let daemons = views.iter().map(|v| v.daemon(&[])).collect();
-    Three {
-        env,
-        views,
-        daemons,
-    }
-}
-
-impl Three {
-    /// What every commit saw on its stdin (the run's context), from the marks folder.
-    fn commits(&self) -> Vec<serde_json::Value> {
-        std::fs::read_dir(self.env.path("commits"))
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| std::fs::read(e.path()).ok())
-                    .filter_map(|b| serde_json::from_slice(&b).ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    fn logs(&self) -> String {
-        self.daemons
-            .iter()
-            .map(|d| d.log_text())
-            .collect::<Vec<_>>()
-            .join("\n----\n")
-    }
-}
-
-/// A commit that keeps its context as `MARKS/commits/RUN_ID.json` (written whole, then
-/// renamed, so a reader never sees half of one).
-const KEEP_CONTEXT: &str = "mkdir -p \"$MARKS/commits\"\ncat > \"$MARKS/commits/.$STEWARD_RUN_ID\"\nmv \"$MARKS/commits/.$STEWARD_RUN_ID\" \"$MARKS/commits/$STEWARD_RUN_ID.json\"\n";
 
 fn counts(values: impl Iterator<Item = String>) -> std::collections::BTreeMap<String, usize> {
     let mut out = std::collections::BTreeMap::new();

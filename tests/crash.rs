@@ -4,6 +4,9 @@
 //!
 //! `cargo test` runs it small (40 items, 8 kills). The full size (200 items, 40 kills):
 //! `STEWARD_CRASH_FULL=1 cargo test --release --test crash -- --nocapture`.
+//!
+//! The same harness runs against a cluster: three daemons on one `nats-server`, one of
+//! them SIGKILLed at a time and started again, the items in the cluster's queue.
 
 mod util;
 
@@ -13,6 +16,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use util::nats::NatsServer;
 use util::{process_gone, wait_for, Env, Spec};
 
 /// The maker names its item from the context on stdin: the queue payload's `n`, or the
@@ -234,6 +238,155 @@ fn sigkilled_daemon_commits_every_item_once_or_lists_it() {
     );
     assert_eq!(items.len(), 2 * per_kind);
     assert!(duplicates.is_empty(), "committed twice: {duplicates:?}");
+    assert!(unknown.is_empty(), "ledger lines for no item: {unknown:?}");
+    assert!(lost.is_empty(), "neither committed nor listed: {lost:?}");
+    assert!(
+        commits.len() >= items.len() / 2,
+        "most items should commit outright ({} of {})",
+        commits.len(),
+        items.len()
+    );
+}
+
+#[test]
+fn sigkilled_cluster_daemons_commit_every_item_once_or_list_it() {
+    let full = std::env::var_os("STEWARD_CRASH_FULL").is_some();
+    let (total, kills) = if full { (400, 40) } else { (120, 10) };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    println!("cluster crash harness: seed {seed}");
+    let mut rng = Rng(seed);
+
+    let server = NatsServer::start();
+    let queue = Spec::new("crashq", MAKER)
+        .trigger("queue = \"items\"")
+        .verify(CHECKER)
+        .commit(COMMIT);
+    let mut three = util::cluster::three(&server, &[queue]);
+
+    // Items by idempotency key (the queue item's id), enqueued through the three in turn.
+    let mut items: BTreeMap<String, String> = BTreeMap::new();
+    let enqueue = |three: &util::cluster::Three, n: usize| {
+        let id = format!("q-{n}");
+        let out = three.views[n % 3].steward(&[
+            "enqueue",
+            "items",
+            "--payload",
+            &format!("{{\"n\": \"{id}\"}}"),
+        ]);
+        assert_eq!(out.code, 0, "{out}");
+        let key = out
+            .stdout
+            .split_whitespace()
+            .nth(2)
+            .expect("enqueue names the item");
+        (key.to_string(), id)
+    };
+    // Half before the first kill, so the daemons are busy when it lands.
+    let mut enqueued = 0;
+    while enqueued < total / 2 {
+        items.extend([enqueue(&three, enqueued)]);
+        enqueued += 1;
+    }
+    let mut phases: BTreeMap<&str, usize> = BTreeMap::new();
+    let started = Instant::now();
+    for _ in 0..kills {
+        // Items arrive while the daemons run, a few between kills.
+        for _ in 0..(total / 2 / kills) {
+            items.extend([enqueue(&three, enqueued)]);
+            enqueued += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50 + rng.below(400)));
+        let victim = rng.below(3) as usize;
+        let pid = three.daemons[victim].pid();
+        *phases.entry(phase(pid)).or_default() += 1;
+        three.daemons[victim].signal(Signal::SIGKILL);
+        wait_for(
+            "the killed daemon to be gone",
+            Duration::from_secs(10),
+            || process_gone(pid),
+        );
+        let fresh = three.views[victim].daemon(&[]);
+        drop_daemon(std::mem::replace(&mut three.daemons[victim], fresh));
+    }
+    while enqueued < total {
+        items.extend([enqueue(&three, enqueued)]);
+        enqueued += 1;
+    }
+
+    // No more kills: every item runs to its end (a killed daemon's items come back after
+    // the ack wait, its keys freed once its heartbeat is gone) or is listed.
+    let listed = |three: &util::cluster::Three| -> (BTreeSet<String>, BTreeSet<String>) {
+        let in_doubt = json_list(&three.views[0], &["in-doubt", "list", "--json"])
+            .iter()
+            .filter_map(|k| k["key"].as_str().map(str::to_string))
+            .collect();
+        let dead = three
+            .views
+            .iter()
+            .flat_map(|v| json_list(v, &["dead-letter", "list", "--json"]))
+            .filter_map(|e| e["run"]["idempotency_key"].as_str().map(str::to_string))
+            .collect();
+        (in_doubt, dead)
+    };
+    let committed = |env: &Env| -> BTreeSet<String> { env.ledger_lines().into_iter().collect() };
+    wait_for(
+        "every item committed or listed",
+        Duration::from_secs(240),
+        || {
+            let done = committed(&three.env);
+            let (in_doubt, dead) = listed(&three);
+            items
+                .iter()
+                .all(|(key, id)| done.contains(id) || in_doubt.contains(key) || dead.contains(key))
+        },
+    );
+    for d in &mut three.daemons {
+        d.stop(Duration::from_secs(15));
+    }
+
+    let ledger = three.env.ledger_lines();
+    let mut commits: BTreeMap<&str, usize> = BTreeMap::new();
+    for line in &ledger {
+        *commits.entry(line.as_str()).or_default() += 1;
+    }
+    let (in_doubt, dead) = listed(&three);
+    let duplicates: Vec<&&str> = commits
+        .iter()
+        .filter(|(_, &n)| n > 1)
+        .map(|(k, _)| k)
+        .collect();
+    let unknown: Vec<&&str> = commits
+        .keys()
+        .filter(|id| !items.values().any(|v| v == **id))
+        .collect();
+    let lost: Vec<&String> = items
+        .iter()
+        .filter(|(key, id)| {
+            !commits.contains_key(id.as_str()) && !in_doubt.contains(*key) && !dead.contains(*key)
+        })
+        .map(|(_, id)| id)
+        .collect();
+    println!(
+        "cluster: items={} kills={} committed={} in_doubt={} dead={} duplicates={} lost={} ({:.0} s; kills by phase: {phases:?})",
+        items.len(),
+        kills,
+        commits.len(),
+        in_doubt.len(),
+        dead.len(),
+        duplicates.len(),
+        lost.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(items.len(), total);
+    assert!(
+        duplicates.is_empty(),
+        "committed twice: {duplicates:?}\n{}",
+        three.logs()
+    );
     assert!(unknown.is_empty(), "ledger lines for no item: {unknown:?}");
     assert!(lost.is_empty(), "neither committed nor listed: {lost:?}");
     assert!(

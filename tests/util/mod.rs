@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod cluster;
 pub mod nats;
 
 pub struct Env {
