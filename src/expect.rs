@@ -87,20 +87,54 @@ impl Watch {
         }
     }
 
-    /// Notes that `what` was told for `workflow` at `at`, here and in the store.
-    fn told(
+    /// Whether to tell `what` for `workflow` now: unless the store says it was told
+    /// already (`told_already` judges the time kept — by an earlier daemon on this state
+    /// folder, or by another daemon of the cluster), `at` is kept and this daemon tells
+    /// it. Of two daemons deciding at once, one tells.
+    fn tell(
         map: &mut HashMap<String, DateTime<Utc>>,
         engine: &Engine,
         what: &str,
         workflow: &str,
         at: DateTime<Utc>,
-    ) {
-        map.insert(workflow.to_string(), at);
-        let bytes = serde_json::to_vec(&at).unwrap_or_default();
-        if let Err(e) = engine.store.put_owed(&format!("{what}{workflow}"), &bytes) {
-            tracing::error!(workflow, "cannot keep what the dead-man's switch told: {e}");
+        told_already: impl Fn(DateTime<Utc>) -> bool,
+    ) -> bool {
+        let key = format!("{what}{workflow}");
+        let kept =
+            |bytes: Option<&[u8]>| -> Option<DateTime<Utc>> { serde_json::from_slice(bytes?).ok() };
+        let decided = engine.store.update_owed(&key, &|now| {
+            if kept(now).is_some_and(&told_already) {
+                None
+            } else {
+                serde_json::to_vec(&at).ok()
+            }
+        });
+        match decided {
+            Ok(true) => {
+                map.insert(workflow.to_string(), at);
+                true
+            }
+            Ok(false) => {
+                // Told elsewhere: remember when, so the next looks need not ask.
+                let elsewhere = engine
+                    .store
+                    .owed(&key)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|(k, _)| *k == key)
+                    .and_then(|(_, v)| kept(Some(&v)));
+                map.insert(workflow.to_string(), elsewhere.unwrap_or(at));
+                false
+            }
+            Err(e) => {
+                // Better told twice than not at all.
+                tracing::error!(workflow, "cannot keep what the dead-man's switch told: {e}");
+                map.insert(workflow.to_string(), at);
+                true
+            }
         }
     }
+
     /// One look at every workflow with `[expect]` (and every schedule, for `too_often`).
     pub fn check(&mut self, engine: &Engine, config: &Config, now: DateTime<Utc>) {
         let rates = engine.alerts.wants(Event::TooOften);
@@ -177,7 +211,11 @@ impl Watch {
         if self.overdue_slot.get(&wf.id) == Some(&slot) || successes(engine, &wf.id, slot, 1)? > 0 {
             return Ok(());
         }
-        Self::told(&mut self.overdue_slot, engine, OVERDUE, &wf.id, slot);
+        if !Self::tell(&mut self.overdue_slot, engine, OVERDUE, &wf.id, slot, |t| {
+            t == slot
+        }) {
+            return Ok(());
+        }
         engine.alerts.raise(Alert::new(
             Event::Overdue,
             &wf.id,
@@ -210,7 +248,16 @@ impl Watch {
         if ok >= count as usize {
             return Ok(());
         }
-        Self::told(&mut self.at_least_told, engine, AT_LEAST, &wf.id, now);
+        if !Self::tell(
+            &mut self.at_least_told,
+            engine,
+            AT_LEAST,
+            &wf.id,
+            now,
+            |t| t > from,
+        ) {
+            return Ok(());
+        }
         engine.alerts.raise(Alert::new(
             Event::Overdue,
             &wf.id,
@@ -249,7 +296,16 @@ impl Watch {
         if ran <= allowed || ran - missed()? <= allowed {
             return Ok(());
         }
-        Self::told(&mut self.too_often_told, engine, TOO_OFTEN, &wf.id, now);
+        if !Self::tell(
+            &mut self.too_often_told,
+            engine,
+            TOO_OFTEN,
+            &wf.id,
+            now,
+            |t| t > from,
+        ) {
+            return Ok(());
+        }
         engine.alerts.raise(Alert::new(
             Event::TooOften,
             &wf.id,

@@ -7,76 +7,11 @@
 
 mod util;
 
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use util::sink::{first_hook, hooks, sink, Sink};
 use util::{wait_for, Env, Spec};
-
-/// The alert receivers, killed on drop.
-struct Sink {
-    child: Child,
-    out: std::path::PathBuf,
-    smtp: u16,
-    http: u16,
-}
-
-impl Drop for Sink {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn sink(env: &Env, name: &str, http_port: Option<u16>) -> Sink {
-    let out = env.path(name);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/alert_sink.py");
-    let mut cmd = Command::new(util::python());
-    cmd.arg(script).arg(&out);
-    if let Some(p) = http_port {
-        cmd.args(["--http-port", &p.to_string()]);
-    }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start alert_sink.py");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let words: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(words.len(), 4, "alert_sink.py said {line:?}");
-    Sink {
-        child,
-        out,
-        smtp: words[1].parse().unwrap(),
-        http: words[3].parse().unwrap(),
-    }
-}
-
-impl Sink {
-    fn received(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    fn of(&self, via: &str, event: &str) -> Vec<Value> {
-        self.received()
-            .into_iter()
-            .filter(|m| m["via"] == via)
-            .filter(|m| {
-                let text = m["subject"].as_str().unwrap_or("").to_string()
-                    + m["body"].as_str().unwrap_or("");
-                text.contains(&format!("] {event}:"))
-                    || text.contains(&format!("\"event\":\"{event}\""))
-            })
-            .collect()
-    }
-}
 
 /// steward.toml with the sink's SMTP server and the given `[[notify]]` tables.
 fn settings(env: &Env, sink: &Sink, notify: &str) {
@@ -427,23 +362,6 @@ fn an_unreachable_webhook_does_not_delay_a_run_and_is_retried() {
 }
 
 /// The webhook bodies the sink received for `event`, parsed (format = "json").
-fn hooks(sink: &Sink, event: &str) -> Vec<Value> {
-    sink.of("http", event)
-        .iter()
-        .map(|m| serde_json::from_str(m["body"].as_str().unwrap()).unwrap())
-        .collect()
-}
-
-/// The first webhook alert of `event`, waited for up to `secs` seconds.
-fn first_hook(sink: &Sink, event: &str, secs: u64) -> Value {
-    wait_for(
-        &format!("the {event} alert"),
-        Duration::from_secs(secs),
-        || !hooks(sink, event).is_empty(),
-    );
-    hooks(sink, event).swap_remove(0)
-}
-
 fn webhook_settings(env: &Env, sink: &Sink, events: &str, extra: &str) {
     settings(
         env,

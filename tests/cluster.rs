@@ -428,15 +428,31 @@ fn sixty_one_second_slots_run_once_each_across_three_daemons() {
         "a slot was skipped in {times:?} ({elapsed:?})"
     );
     // Each slot was run by one daemon, once: the others never started a run for it (the
-    // claim, not only the key, kept them off). More than one daemon did the work.
-    let mut runs = Vec::new();
-    let mut runners = 0;
-    for view in &three.views {
+    // claim, not only the key, kept them off). More than one daemon did the work. Every
+    // daemon lists the cluster's runs, each with the daemon that ran it.
+    let listed = |view: &util::Env| -> Vec<serde_json::Value> {
         let out = view.steward(&["runs", "-w", "tick", "-n", "1000", "--json"]);
-        let mine: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
-        runners += usize::from(!mine.is_empty());
-        runs.extend(mine);
+        serde_json::from_str(&out.stdout).unwrap_or_default()
+    };
+    let ids = |runs: &[serde_json::Value]| -> std::collections::BTreeSet<String> {
+        runs.iter()
+            .filter(|r| r["state"] == "success")
+            .map(|r| r["run_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let committed: std::collections::BTreeSet<String> = three
+        .commits()
+        .iter()
+        .map(|c| c["run_id"].as_str().unwrap().to_string())
+        .collect();
+    for view in &three.views {
+        util::wait_for(
+            "each daemon to list every run",
+            Duration::from_secs(20),
+            || ids(&listed(view)).is_superset(&committed),
+        );
     }
+    let runs = listed(&three.views[0]);
     let ran = counts(runs.iter().map(|r| {
         r["trigger"]["scheduled_for"]
             .as_str()
@@ -445,7 +461,18 @@ fn sixty_one_second_slots_run_once_each_across_three_daemons() {
     }));
     let again: Vec<_> = ran.iter().filter(|(_, n)| **n > 1).collect();
     assert!(again.is_empty(), "slots run more than once: {again:?}");
-    assert!(runners >= 2, "one daemon ran every slot\n{}", three.logs());
+    let runners: std::collections::BTreeSet<&str> =
+        runs.iter().filter_map(|r| r["daemon"].as_str()).collect();
+    assert_eq!(
+        runs.iter().filter(|r| r["daemon"].is_null()).count(),
+        0,
+        "a run without its daemon"
+    );
+    assert!(
+        runners.len() >= 2,
+        "one daemon ran every slot\n{}",
+        three.logs()
+    );
 }
 
 /// A live queue workflow `work` on `jobs`, keyed by the payload's `n`, whose commit
@@ -931,20 +958,21 @@ fn the_catch_up_of_a_whole_cluster_outage_is_planned_once() {
     });
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(catch_ups(&three), 1, "{}", three.logs());
-    // Each slot of the outage was told missed by one daemon, not by each.
-    let mut missed = Vec::new();
-    for view in &three.views {
-        let out = view.steward(&[
-            "runs", "-w", "tick", "--status", "missed", "-n", "1000", "--json",
-        ]);
-        let runs: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
-        missed.extend(runs.iter().map(|r| {
+    // Each slot of the outage was told missed by one daemon, not by each (every daemon
+    // lists the cluster's runs: one list holds them all).
+    let out = three.views[2].steward(&[
+        "runs", "-w", "tick", "--status", "missed", "-n", "1000", "--json",
+    ]);
+    let runs: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
+    let missed: Vec<String> = runs
+        .iter()
+        .map(|r| {
             r["trigger"]["scheduled_for"]
                 .as_str()
                 .unwrap_or("")
                 .to_string()
-        }));
-    }
+        })
+        .collect();
     assert!(missed.len() >= 2, "the outage missed no slot? {missed:?}");
     let told = counts(missed.into_iter());
     let twice: Vec<_> = told.iter().filter(|(_, n)| **n > 1).collect();
@@ -996,4 +1024,205 @@ fn a_slot_whose_daemon_dies_mid_run_is_taken_over_and_committed_once() {
         "{commits:#?}"
     );
     let _ = three.daemons.remove(victim);
+}
+
+/// Workflow `wf`'s `paused` as `steward list` on `view` shows it.
+fn paused(view: &util::Env, wf: &str) -> serde_json::Value {
+    view.steward(&["list", "--json"])
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["id"] == wf)
+        .map(|w| w["paused"].clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn review_dead_letters_and_pauses_are_the_clusters() {
+    let server = NatsServer::start();
+    // Escalated by its checker: waits for review.
+    let mut asks = util::Spec::new("asks", "cat >/dev/null\necho '{}'\n")
+        .trigger("queue = \"asks\"")
+        .verify("cat >/dev/null\necho escalate\necho 'needs a human'\n")
+        .key("{{ trigger.payload.n }}");
+    asks.commit = Some(KEEP_CONTEXT.into());
+    // Fails, once: dead-lettered.
+    let fails = util::Spec::new("fails", "cat >/dev/null\nexit 1\n")
+        .trigger("queue = \"fails\"")
+        .tables("[retry]\nattempts = 1\n");
+    let three = three(&server, &[asks, queue_work(), fails]);
+
+    // A run waiting for review on one daemon is listed by every daemon, approved through
+    // another, and committed once.
+    let out = three.views[0].steward(&["enqueue", "asks", "--payload", "{\"n\": 1}"]);
+    assert_eq!(out.code, 0, "{out}");
+    let mut waiting = String::new();
+    for view in &three.views {
+        util::wait_for(
+            "the run in every daemon's review",
+            Duration::from_secs(30),
+            || {
+                let review = view.steward(&["review", "--json"]).json();
+                waiting = review[0]["run_id"].as_str().unwrap_or_default().to_string();
+                !waiting.is_empty()
+            },
+        );
+    }
+    let ran_by = three.views[0].steward(&["show", &waiting, "--json"]).json()["daemon"].clone();
+    let approver = three
+        .views
+        .iter()
+        .find(|v| v.steward(&["status", "--json"]).json()["cluster"]["daemon"] != ran_by)
+        .unwrap();
+    let approve = approver.steward(&["approve", &waiting]);
+    assert_eq!(approve.code, 0, "{approve}\n{}", three.logs());
+    let again = three.views[2].steward(&["approve", &waiting]);
+    assert_ne!(
+        again.code, 0,
+        "a second approve, through another daemon\n{again}"
+    );
+    assert_eq!(three.commits().len(), 1, "{:#?}", three.commits());
+    for view in &three.views {
+        util::wait_for(
+            "every daemon to see it committed",
+            Duration::from_secs(20),
+            || {
+                let shown = view.steward(&["show", &waiting, "--json"]).json();
+                shown["state"] == "success" && shown["committed"] == true
+            },
+        );
+        assert_eq!(
+            view.steward(&["review", "--json"]).json(),
+            serde_json::json!([])
+        );
+    }
+
+    // A dead letter of any daemon is every daemon's.
+    let out = three.views[1].steward(&["enqueue", "fails", "--payload", "{}"]);
+    assert_eq!(out.code, 0, "{out}");
+    for view in &three.views {
+        util::wait_for(
+            "the dead letter on every daemon",
+            Duration::from_secs(30),
+            || {
+                let dead = view.steward(&["dead-letter", "list", "--json"]).json();
+                dead.as_array()
+                    .is_some_and(|d| d.len() == 1 && d[0]["run"]["workflow"] == "fails")
+            },
+        );
+    }
+
+    // One pause holds every daemon, and one resume lifts it.
+    let out = three.views[1].steward(&["pause", "work", "--reason", "maintenance"]);
+    assert_eq!(out.code, 0, "{out}");
+    for view in &three.views {
+        assert_eq!(paused(view, "work")["reason"], "maintenance");
+    }
+    let before = three.commits().len();
+    for n in 0..6 {
+        let payload = format!("{{\"n\": {n}}}");
+        let out = three.views[n % 3].steward(&["enqueue", "jobs", "--payload", &payload]);
+        assert_eq!(out.code, 0, "{out}");
+    }
+    // Time for a daemon that did not see the pause to run one.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(three.commits().len(), before, "a paused workflow ran");
+    let out = three.views[2].steward(&["resume", "work"]);
+    assert_eq!(out.code, 0, "{out}");
+    for view in &three.views {
+        assert!(paused(view, "work").is_null(), "{}", paused(view, "work"));
+    }
+    util::wait_for(
+        "the items held back to commit",
+        Duration::from_secs(60),
+        || three.commits().len() == before + 6,
+    );
+}
+
+#[test]
+fn an_overdue_slot_is_told_once_by_the_cluster() {
+    let server = NatsServer::start();
+    let received = util::Env::new();
+    let sink = util::sink::sink(&received, "alerts.jsonl", None);
+    // Fails every 5 s; overdue a second after each slot. Each daemon looks every second;
+    // the channel's rate window is short, so only the cluster's memory of what was told
+    // keeps the others from telling a slot again.
+    let late = util::Spec::new("late", "cat >/dev/null\nexit 1\n")
+        .trigger("schedule = { cron = \"*/5 * * * * *\", catchup = \"none\" }")
+        .tables("[expect]\nwithin = \"1s\"\n[retry]\nattempts = 1\n");
+    let three = three_with(&server, &[late], |env| {
+        let path = env.config.join("steward.toml");
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(&format!(
+            "\n[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/\"\nevents = [\"overdue\"]\nevery = \"1s\"\n",
+            sink.http
+        ));
+        std::fs::write(path, text).unwrap();
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while util::sink::hooks(&sink, "overdue").len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for two overdue slots told\n{}",
+            three.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Long enough for the other two daemons' looks, were they to tell it too.
+    std::thread::sleep(Duration::from_secs(3));
+    let told = util::sink::hooks(&sink, "overdue");
+    let slots = counts(
+        told.iter()
+            .map(|h| h["message"].as_str().unwrap().to_string()),
+    );
+    let twice: Vec<_> = slots.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "a slot told more than once: {twice:#?}\n{}",
+        three.logs()
+    );
+}
+
+#[test]
+fn a_file_in_a_folder_shared_between_daemons_runs_once() {
+    let server = NatsServer::start();
+    // On another filesystem than the state folders, as a folder on NFS is: moving a file
+    // out is a copy and a remove, which two daemons could both do.
+    let shared = tempfile::Builder::new()
+        .prefix("steward-shared-")
+        .tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let mut files = util::Spec::new("files", "cat >/dev/null\necho '{}'\n").trigger(&format!(
+        "file = {{ path = \"{}\", pattern = \"*.item\", debounce_ms = 50 }}",
+        shared.path().display()
+    ));
+    files.commit = Some(KEEP_CONTEXT.into());
+    let three = three(&server, &[files]);
+    let total = 30;
+    for n in 0..total {
+        let tmp = shared.path().join(format!(".{n}.tmp"));
+        std::fs::write(&tmp, format!("file {n}")).unwrap();
+        std::fs::rename(&tmp, shared.path().join(format!("{n}.item"))).unwrap();
+    }
+    util::wait_for("every file committed", Duration::from_secs(60), || {
+        three.commits().len() >= total
+    });
+    // Long enough for a second run of a file, were there one.
+    std::thread::sleep(Duration::from_secs(2));
+    let commits = three.commits();
+    let names = counts(
+        commits
+            .iter()
+            .map(|c| c["trigger"]["name"].as_str().unwrap_or("?").to_string()),
+    );
+    assert_eq!(names.len(), total, "{names:?}");
+    assert!(names.values().all(|n| *n == 1), "{names:?}");
+    // Each file made one run in the whole cluster: no daemon copied it a second time.
+    let runs = three.views[0]
+        .steward(&["runs", "-w", "files", "-n", "1000", "--json"])
+        .json();
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), total, "{runs:#?}\n{}", three.logs());
 }

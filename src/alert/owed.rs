@@ -22,7 +22,9 @@ pub type GateKey = (String, String, Event);
 /// Deliveries kept at most (like the run records, the outbox is bounded).
 pub const MAX_PENDING: usize = 1_000;
 
-const OUTBOX: &str = "alert/outbox/";
+/// Deliveries are work one daemon carries out: the store keeps them owned (see
+/// [`crate::store::OWNED_OWED`]).
+const OUTBOX: &str = crate::store::OWNED_OWED;
 const GATE: &str = "alert/gate/";
 
 /// A delivery owed to a channel.

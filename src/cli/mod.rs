@@ -429,14 +429,14 @@ fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response
         }
         _ => {}
     }
-    let mut engine = open_engine(state)?;
+    let (mut engine, recovery) = open_engine_recovered(state)?;
     let settings = crate::config::Settings::load_lenient(config);
     engine.store.set_retention(settings.retention());
     block_on(async {
         // In a cluster, this process is a member for as long as the command runs: the
         // keys, approvals and cases it touches are the cluster's.
         let member = match &settings.cluster {
-            Some(cluster) => Some(join_here(cluster, &mut engine).await?),
+            Some(cluster) => Some(join_here(cluster, &mut engine, state, &recovery).await?),
             None => None,
         };
         // Runs made here call models through a gateway of this process's own.
@@ -475,30 +475,34 @@ fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response
 async fn join_here(
     cluster: &crate::config::cluster::ClusterSettings,
     engine: &mut Engine,
+    state: &Path,
+    recovery: &crate::store::Recovery,
 ) -> Result<crate::cluster::Member> {
     let settings = cluster.checked()?;
     let member = crate::cluster::Member::join(&settings)
         .await
         .context("cannot join the cluster ([cluster] in steward.toml)")?;
     member.beat_only();
-    engine.store = crate::store::Store::from_backend(std::sync::Arc::new(
-        crate::cluster::store::MemberStore::new(
-            engine.store.clone(),
-            member.cluster.clone(),
-            member.bridge.clone(),
-        ),
-    ));
+    let store = crate::cluster::store::MemberStore::join(
+        &member,
+        engine.store.clone(),
+        state,
+        &recovery.interrupted_runs,
+    )
+    .await?;
+    engine.store = crate::store::Store::from_backend(store);
     Ok(member)
 }
 
 /// Runs at once in the CLI's own process (no daemon), as the daemon's default.
 const LOCAL_MAX_CONCURRENT: usize = 8;
 
-fn open_engine(state: &Path) -> Result<Engine> {
+/// Opens the state folder's engine, telling what its recovery found, and returning it.
+fn open_engine_recovered(state: &Path) -> Result<(Engine, crate::store::Recovery)> {
     let (engine, recovery) = governed::open(state)
         .with_context(|| format!("cannot open state folder {}", state.display()))?;
     report_recovery(&recovery);
-    Ok(engine)
+    Ok((engine, recovery))
 }
 
 /// Tells the operator what a crash left behind.

@@ -86,6 +86,34 @@ pub fn daemons(heartbeat: Duration) -> kv::Config {
     }
 }
 
+/// Run records, by run id, each with the daemon that ran it: every daemon's view of the
+/// cluster's runs is made from it ([`super::runs`]). Kept as long as the default run
+/// retention keeps a record.
+pub const RUNS: &str = "steward_runs";
+/// Runs waiting for an operator's review, by run id.
+pub const REVIEW: &str = "steward_review";
+/// Dead-lettered runs, by run id.
+pub const DEAD_LETTERS: &str = "steward_dead_letters";
+/// Paused workflows (by an operator or the breaker), by workflow.
+pub const PAUSES: &str = "steward_pauses";
+/// What each workflow spent on a day, for its daily caps: `WORKFLOW DAY`.
+pub const SPEND: &str = "steward_spend";
+/// What alerting and the dead-man's switch owe or told, by the one machine's keys.
+pub const OWED: &str = "steward_owed";
+/// Files of shared watched folders, claimed by one daemon each.
+pub const FILES: &str = "steward_files";
+
+/// A bucket of records, one value per key, kept at most `max_age` (zero: until removed).
+pub fn records(bucket: &str, description: &str, max_age: Duration) -> kv::Config {
+    kv::Config {
+        bucket: bucket.into(),
+        description: format!("steward: {description}"),
+        history: 1,
+        max_age,
+        ..Default::default()
+    }
+}
+
 /// The bucket `config` names: opened, or made when it does not exist yet. Two daemons
 /// making it at once both end up with the one the server kept.
 pub async fn open(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, ClusterError> {

@@ -8,6 +8,7 @@ use async_nats::jetstream;
 use super::buckets;
 use super::error::ClusterError;
 use super::names::hostname;
+use super::records::Records;
 use crate::config::cluster::Cluster as Settings;
 
 /// A connection to the cluster, with its buckets; clones share it.
@@ -25,6 +26,8 @@ pub struct Cluster {
     pub(super) daemons: jetstream::kv::Store,
     pub(super) webhooks: jetstream::kv::Store,
     pub(super) approvals: jetstream::kv::Store,
+    /// The rest of the state ([`super::records`]).
+    pub(super) records: Arc<RecordBuckets>,
     /// The queue and case streams, made or found once (each enqueue and append used to
     /// ask the server first).
     pub(super) queue_stream: Arc<tokio::sync::OnceCell<jetstream::stream::Stream>>,
@@ -66,6 +69,7 @@ impl Cluster {
         let daemons = buckets::open(&js, buckets::daemons(settings.heartbeat)).await?;
         let webhooks = buckets::open(&js, buckets::webhooks()).await?;
         let approvals = buckets::open(&js, buckets::approvals()).await?;
+        let records = Arc::new(RecordBuckets::open(&js).await?);
         Ok(Cluster {
             daemon,
             settings: settings.clone(),
@@ -77,6 +81,7 @@ impl Cluster {
             daemons,
             webhooks,
             approvals,
+            records,
             queue_stream: Default::default(),
             case_stream: Default::default(),
         })
@@ -106,6 +111,42 @@ impl Cluster {
                 }
             })
             .collect()
+    }
+}
+
+/// The buckets of the rest of the state, one per kind of record.
+pub struct RecordBuckets {
+    pub runs: Records,
+    pub review: Records,
+    pub dead_letters: Records,
+    pub pauses: Records,
+    pub spend: Records,
+    pub owed: Records,
+    pub files: Records,
+}
+
+impl RecordBuckets {
+    async fn open(js: &jetstream::Context) -> Result<RecordBuckets, ClusterError> {
+        use buckets::*;
+        let days = |n: u64| Duration::from_secs(n * 24 * 3600);
+        let open = |name: &'static str, what: &'static str, max_age: Duration| async move {
+            let store = buckets::open(js, records(name, what, max_age)).await?;
+            Ok::<_, ClusterError>(Records::new(store, name))
+        };
+        Ok(RecordBuckets {
+            runs: open(RUNS, "run records, with the daemon of each", days(30)).await?,
+            review: open(REVIEW, "runs waiting for review", Duration::ZERO).await?,
+            dead_letters: open(DEAD_LETTERS, "dead-lettered runs", Duration::ZERO).await?,
+            pauses: open(PAUSES, "paused workflows", Duration::ZERO).await?,
+            spend: open(SPEND, "each workflow's spend by day", days(40)).await?,
+            owed: open(
+                OWED,
+                "alerts owed, rate windows, lapses told",
+                Duration::ZERO,
+            )
+            .await?,
+            files: open(FILES, "files of shared folders, claimed once", days(1)).await?,
+        })
     }
 }
 

@@ -15,6 +15,10 @@
 //!   subject's last sequence, so of two drivers the server takes one.
 //! - [`approvals`]: go-live approvals, one for the whole cluster.
 //! - [`webhooks`]: deliveries seen, so a replay to another daemon runs nothing.
+//! - [`files`]: a file of a watched folder shared between machines, taken by one daemon.
+//! - [`state`] and [`runs`]: the rest of the state in [`records`] buckets (review, dead
+//!   letters, pauses, day spend, alerts owed); every daemon's runs, and each daemon's
+//!   view of them all.
 //! - [`log`]: every daemon's runlog lines in one stream, for `steward logs --cluster`.
 //! - [`heartbeat`]: each daemon's heartbeat in a bucket whose entries expire. Whether a
 //!   daemon is gone is decided by the server's clock alone, never by comparing two
@@ -29,13 +33,17 @@ pub mod buckets;
 pub mod cases;
 pub mod connection;
 pub mod error;
+pub mod files;
 pub mod heartbeat;
 pub mod keys;
 pub mod log;
 pub mod member;
 pub mod names;
 pub mod queue;
+pub mod records;
+pub mod runs;
 pub mod slots;
+pub mod state;
 pub mod store;
 pub mod webhooks;
 

@@ -1,9 +1,12 @@
 //! The store of a daemon in a cluster: what must be decided once for the whole cluster —
 //! idempotency keys ([`super::keys`], compare-and-set on revision), agency cases
 //! ([`super::cases`], appends that expect the last sequence), webhook deliveries seen
-//! ([`super::webhooks`]) and go-live approvals ([`super::approvals`]) — is kept in the
-//! cluster; the rest stays in this daemon's own store for now (runs, review, dead
-//! letters, pauses, the alert outbox; the next step of issue 28 moves them).
+//! ([`super::webhooks`]), go-live approvals ([`super::approvals`]), and the rest of the
+//! state ([`super::state`]: review, dead letters, pauses, day spend, alerts owed) — is
+//! kept in the cluster. Runs are this daemon's own in its own store, written to the
+//! cluster too, and read from a view of every daemon's ([`super::runs`]). What only
+//! concerns this state folder stays in it: each schedule's last slot, when a workflow
+//! was first loaded.
 //!
 //! A key this daemon reserved is held with a lease (the revision it last wrote); each move
 //! of the key is made at that revision, so a daemon whose key was freed or taken over
@@ -12,6 +15,7 @@
 //! [`STORE_WAIT`]: a run in flight across a short outage finishes, its commit waiting.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +24,7 @@ use chrono::{DateTime, Utc};
 use super::bridge::Bridge;
 use super::connection::Cluster;
 use super::keys::Lease;
+use super::runs::Mirror;
 use crate::store::{
     Approval, Backend, Counts, DaySpend, DeadLetter, KeyPhase, KeyRecord, Pause, Result, Retention,
     RunQuery, RunRecord, RunState, SeenDelivery, Store, StoreError,
@@ -30,12 +35,20 @@ use crate::store::{
 /// before its commit, or leaves its key in doubt after it.
 pub const STORE_WAIT: Duration = Duration::from_secs(30);
 
+/// The view of the cluster's runs, under the state folder.
+pub const VIEW: &str = "cluster-view";
+
 /// Whether a run of this daemon is in flight, by run id.
 pub type InFlight = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
-/// A cluster member's store: keys in the cluster, the rest in `local`.
+use crate::store::OWNED_OWED as OUTBOX;
+
+/// A cluster member's store: the shared state in the cluster, this daemon's runs in
+/// `local` (and the cluster's in `view`).
 pub struct MemberStore {
     local: Store,
+    view: Store,
+    mirror: Mirror,
     cluster: Cluster,
     bridge: Bridge,
     /// The keys this daemon holds, by (workflow, key).
@@ -45,14 +58,54 @@ pub struct MemberStore {
 }
 
 impl MemberStore {
-    pub fn new(local: Store, cluster: Cluster, bridge: Bridge) -> MemberStore {
-        MemberStore {
+    /// The store of `member`, over this state folder's `local` store: its view of the
+    /// cluster's runs made afresh under `STATE/cluster-view/` from the runs bucket (waited
+    /// for, up to [`STORE_WAIT`]), and the runs `recovered` as interrupted at this start
+    /// written to the cluster.
+    pub async fn join(
+        member: &super::Member,
+        local: Store,
+        state_dir: &Path,
+        recovered: &[String],
+    ) -> anyhow::Result<Arc<MemberStore>> {
+        use anyhow::Context;
+        let folder = state_dir.join(VIEW);
+        if folder.exists() {
+            std::fs::remove_dir_all(&folder)
+                .with_context(|| format!("cannot clear {}", folder.display()))?;
+        }
+        std::fs::create_dir_all(&folder)
+            .with_context(|| format!("cannot make {}", folder.display()))?;
+        let (view, _) = Store::open(&folder).with_context(|| {
+            format!(
+                "cannot open the view of the cluster's runs in {}",
+                folder.display()
+            )
+        })?;
+        let (cluster, bridge) = (member.cluster.clone(), member.bridge.clone());
+        let fed = bridge.run(super::runs::feed_view(cluster.clone(), view.clone()));
+        match tokio::time::timeout(STORE_WAIT, fed).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e)) | Err(e)) => return Err(e).context("cannot read the cluster's runs"),
+            Err(_) => tracing::warn!(
+                "cluster: the view of the cluster's runs is still being read; going on"
+            ),
+        }
+        let store = Arc::new(MemberStore {
             local,
+            view,
+            mirror: Mirror::start(cluster.clone(), &bridge),
             cluster,
             bridge,
             leases: Mutex::new(HashMap::new()),
             in_flight: std::sync::RwLock::new(None),
+        });
+        for id in recovered {
+            if let Some(run) = store.local.run(id)? {
+                store.put_run(&run)?;
+            }
         }
+        Ok(store)
     }
 
     /// Tells the store how to ask whether one of this daemon's runs is in flight: a key it
@@ -111,6 +164,19 @@ impl MemberStore {
             Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
             _ => wait(),
         }
+    }
+
+    /// [`MemberStore::call`] with one name (a run id, a workflow) handed to each try.
+    fn named<T, F, Fut>(&self, name: &str, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(Cluster, String) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, super::ClusterError>>
+            + Send
+            + 'static,
+    {
+        let name = name.to_string();
+        self.call(move |c| op(c, name.clone()))
     }
 
     /// What holds a key now, and at which revision.
@@ -306,35 +372,52 @@ impl Backend for MemberStore {
     }
 
     fn put_run(&self, run: &RunRecord) -> Result<()> {
-        self.local.put_run(run)
+        let mut run = run.clone();
+        run.daemon = Some(self.cluster.daemon.clone());
+        self.local.put_run(&run)?;
+        self.view.put_run(&run)?;
+        self.mirror.send(run);
+        Ok(())
     }
 
     fn set_retention(&self, retention: Retention) {
-        self.local.set_retention(retention)
+        self.local.set_retention(retention);
+        self.view.set_retention(retention)
     }
 
     fn prune_runs(&self, now: DateTime<Utc>) -> Result<usize> {
+        self.view.prune_runs(now)?;
         self.local.prune_runs(now)
     }
 
     fn run(&self, id: &str) -> Result<Option<RunRecord>> {
-        self.local.run(id)
+        // This daemon's runs in flight are newest here; any other, in the view (an
+        // operator may have settled one of ours from another daemon).
+        if self.running(id) {
+            if let Some(run) = self.local.run(id)? {
+                return Ok(Some(run));
+            }
+        }
+        match self.view.run(id)? {
+            Some(run) => Ok(Some(run)),
+            None => self.local.run(id),
+        }
     }
 
     fn runs(&self, keep: &dyn Fn(&RunRecord) -> bool, limit: usize) -> Result<Vec<RunRecord>> {
-        self.local.runs(keep, limit)
+        self.view.runs(keep, limit)
     }
 
     fn run_page(&self, query: &RunQuery) -> Result<Vec<RunRecord>> {
-        self.local.run_page(query)
+        self.view.run_page(query)
     }
 
     fn recent_states(&self, workflow: &str, limit: usize) -> Result<Vec<(String, RunState)>> {
-        self.local.recent_states(workflow, limit)
+        self.view.recent_states(workflow, limit)
     }
 
     fn counts(&self) -> Result<Counts> {
-        self.local.counts()
+        self.view.counts()
     }
 
     fn last_slot(&self, workflow: &str) -> Result<Option<DateTime<Utc>>> {
@@ -359,23 +442,90 @@ impl Backend for MemberStore {
         day: chrono::NaiveDate,
         spend: &DaySpend,
     ) -> Result<()> {
-        self.local.add_day_spend(workflow, day, spend)
+        let (w, spend) = (workflow.to_string(), *spend);
+        self.call(move |c| {
+            let w = w.clone();
+            async move { c.add_day_spend(&w, day, &spend).await }
+        })
     }
 
     fn day_spend(&self, workflow: &str, day: chrono::NaiveDate) -> Result<DaySpend> {
-        self.local.day_spend(workflow, day)
+        let w = workflow.to_string();
+        self.call(move |c| {
+            let w = w.clone();
+            async move { c.day_spend(&w, day).await }
+        })
     }
 
     fn put_owed(&self, key: &str, bytes: &[u8]) -> Result<()> {
-        self.local.put_owed(key, bytes)
+        let (k, b, owned) = (key.to_string(), bytes.to_vec(), key.starts_with(OUTBOX));
+        self.call(move |c| {
+            let (k, b) = (k.clone(), b.clone());
+            async move { c.put_owed(&k, &b, owned).await }
+        })
     }
 
     fn remove_owed(&self, key: &str) -> Result<()> {
-        self.local.remove_owed(key)
+        let k = key.to_string();
+        self.call(move |c| {
+            let k = k.clone();
+            async move { c.remove_owed(&k).await }
+        })
     }
 
     fn owed(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        self.local.owed(prefix)
+        let (p, owned) = (prefix.to_string(), prefix.starts_with(OUTBOX));
+        self.call(move |c| {
+            let p = p.clone();
+            async move { c.owed(&p, owned).await }
+        })
+    }
+
+    fn update_owed(
+        &self,
+        key: &str,
+        next: &dyn Fn(Option<&[u8]>) -> Option<Vec<u8>>,
+    ) -> Result<bool> {
+        let k = key.to_string();
+        loop {
+            let now = self.call({
+                let k = k.clone();
+                move |c| {
+                    let k = k.clone();
+                    async move { c.owed_entry(&k).await }
+                }
+            })?;
+            let Some(new) = next(now.as_ref().map(|r| r.value.as_slice())) else {
+                return Ok(false);
+            };
+            let revision = now.map(|r| r.revision);
+            let swapped = self.call({
+                let k = k.clone();
+                move |c| {
+                    let (k, new) = (k.clone(), new.clone());
+                    async move { c.swap_owed(&k, revision, new).await }
+                }
+            })?;
+            if swapped {
+                return Ok(true);
+            }
+        }
+    }
+
+    fn claim_file(&self, workflow: &str, file: &str) -> Result<bool> {
+        let (w, f) = (workflow.to_string(), file.to_string());
+        self.call(move |c| {
+            let (w, f) = (w.clone(), f.clone());
+            async move { c.claim_file(&w, &f).await }
+        })
+    }
+
+    fn release_file(&self, workflow: &str, file: &str) -> Result<()> {
+        let (w, f) = (workflow.to_string(), file.to_string());
+        self.call(move |c| {
+            let (w, f) = (w.clone(), f.clone());
+            async move { c.release_file(&w, &f).await }
+        })
     }
 
     fn remember_delivery(
@@ -438,35 +588,46 @@ impl Backend for MemberStore {
     }
 
     fn dead_letter(&self, run: &RunRecord) -> Result<()> {
-        self.local.dead_letter(run)
+        let mut run = run.clone();
+        run.daemon = Some(self.cluster.daemon.clone());
+        self.call(move |c| {
+            let run = run.clone();
+            async move { c.dead_letter(&run).await }
+        })
     }
 
     fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
-        self.local.dead_letters()
+        self.call(|c| async move { c.dead_letters().await })
     }
 
     fn dead_letter_entry(&self, run_id: &str) -> Result<Option<DeadLetter>> {
-        self.local.dead_letter_entry(run_id)
+        self.named(
+            run_id,
+            |c, id| async move { c.dead_letter_entry(&id).await },
+        )
     }
 
     fn remove_dead_letter(&self, run_id: &str) -> Result<bool> {
-        self.local.remove_dead_letter(run_id)
+        self.named(
+            run_id,
+            |c, id| async move { c.remove_dead_letter(&id).await },
+        )
     }
 
     fn queue_review(&self, run_id: &str) -> Result<()> {
-        self.local.queue_review(run_id)
+        self.named(run_id, |c, id| async move { c.queue_review(&id).await })
     }
 
     fn in_review(&self, run_id: &str) -> Result<bool> {
-        self.local.in_review(run_id)
+        self.named(run_id, |c, id| async move { c.in_review(&id).await })
     }
 
     fn remove_review(&self, run_id: &str) -> Result<bool> {
-        self.local.remove_review(run_id)
+        self.named(run_id, |c, id| async move { c.remove_review(&id).await })
     }
 
     fn review_queue(&self) -> Result<Vec<String>> {
-        self.local.review_queue()
+        self.call(|c| async move { c.review_queue().await })
     }
 
     fn approval(&self, workflow: &str) -> Result<Option<Approval>> {
@@ -494,14 +655,18 @@ impl Backend for MemberStore {
     }
 
     fn pause(&self, pause: &Pause) -> Result<()> {
-        self.local.pause(pause)
+        let pause = pause.clone();
+        self.call(move |c| {
+            let pause = pause.clone();
+            async move { c.pause(&pause).await }
+        })
     }
 
     fn resume(&self, workflow: &str) -> Result<Option<Pause>> {
-        self.local.resume(workflow)
+        self.named(workflow, |c, w| async move { c.resume(&w).await })
     }
 
     fn paused(&self, workflow: &str) -> Result<Option<Pause>> {
-        self.local.paused(workflow)
+        self.named(workflow, |c, w| async move { c.paused(&w).await })
     }
 }

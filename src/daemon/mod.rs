@@ -69,7 +69,10 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         }
         Err(e) => return Err(e).context("cannot open the state folder"),
     };
-    let (member, member_store) = join_cluster(&config, &mut engine).await?.unzip();
+    let (member, member_store) =
+        join_cluster(&config, &mut engine, &state_dir, &recovery.interrupted_runs)
+            .await?
+            .unzip();
     engine.store.set_retention(config.settings.retention());
     match engine.store.prune_runs(chrono::Utc::now()) {
         Ok(0) => {}
@@ -303,6 +306,8 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
 async fn join_cluster(
     config: &crate::config::Config,
     engine: &mut governed::Engine,
+    state_dir: &std::path::Path,
+    recovered: &[String],
 ) -> Result<
     Option<(
         crate::cluster::Member,
@@ -334,11 +339,13 @@ async fn join_cluster(
         let (cluster, line) = (cluster.clone(), line.to_string());
         bridge.spawn(async move { cluster.send_log_line(line).await });
     }));
-    let store = Arc::new(crate::cluster::store::MemberStore::new(
+    let store = crate::cluster::store::MemberStore::join(
+        &member,
         engine.store.clone(),
-        member.cluster.clone(),
-        member.bridge.clone(),
-    ));
+        state_dir,
+        recovered,
+    )
+    .await?;
     engine.store = crate::store::Store::from_backend(store.clone());
     Ok(Some((member, store)))
 }

@@ -372,6 +372,7 @@ impl Triggers {
                         .debounce_ms
                         .map(Duration::from_millis)
                         .unwrap_or(file::DEFAULT_DEBOUNCE),
+                    claims: Some(shared.engine.store.clone()),
                 };
                 let submit = submitter(shared.clone(), id.clone());
                 tokio::spawn(file::run(

@@ -98,6 +98,7 @@ fn new_record(wf: &Workflow, fire: &Fire, dry_run: bool, state: RunState) -> Run
         dry_run_reason: None,
         model_spend: None,
         misreported: None,
+        daemon: None,
         sandbox: None,
     }
 }

@@ -190,6 +190,9 @@ pub struct RunRecord {
     /// `reported tokens 0 of 1500 metered`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub misreported: Option<String>,
+    /// In a cluster, the daemon that ran it (none on one machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon: Option<String>,
 }
 
 /// What a workflow's runs spent on one day (UTC), as their budgets counted it.
@@ -305,6 +308,11 @@ pub struct Pause {
     pub since: DateTime<Utc>,
     pub by: String,
 }
+
+/// Entries of the `owed` tree under this prefix are work one process carries out (alert
+/// deliveries). In a cluster each is owned by the daemon that keeps it, and listed only
+/// to that daemon, or, once it is gone, to the daemon that takes it over.
+pub const OWNED_OWED: &str = "alert/outbox/";
 
 /// What [`Store::open`] found left over from a crash.
 #[derive(Debug, Default, Clone)]
@@ -424,6 +432,30 @@ pub trait Backend: Send + Sync {
 
     /// Every entry under `prefix`, in key order.
     fn owed(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
+
+    /// Moves `key` on by `next`, atomically: `next` sees what is kept now and says what to
+    /// keep instead (None: leave it). True when this call changed it. Of two daemons of a
+    /// cluster deciding at once whether a lapse was told, one tells it.
+    fn update_owed(
+        &self,
+        key: &str,
+        next: &dyn Fn(Option<&[u8]>) -> Option<Vec<u8>>,
+    ) -> Result<bool>;
+
+    // ---- files of watched folders ----
+    /// Claims file `file` (its name, size and modification time) of `workflow`'s watched
+    /// folder for this process: true when it is this process's to take. On one machine
+    /// moving the file out of the folder claims it, and this says yes; in a cluster, where
+    /// a folder may be shared between machines, the cluster decides first.
+    fn claim_file(&self, _workflow: &str, _file: &str) -> Result<bool> {
+        Ok(true)
+    }
+
+    /// Lets go of a file claimed, once it is out of the folder (the same file dropped
+    /// again later is a new drop).
+    fn release_file(&self, _workflow: &str, _file: &str) -> Result<()> {
+        Ok(())
+    }
 
     // ---- webhook deliveries ----
     /// Remembers a verified delivery `id` of `workflow`'s webhook as `seen`, unless it is

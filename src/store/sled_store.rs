@@ -534,6 +534,26 @@ impl Backend for SledStore {
             .collect()
     }
 
+    fn update_owed(
+        &self,
+        key: &str,
+        next: &dyn Fn(Option<&[u8]>) -> Option<Vec<u8>>,
+    ) -> Result<bool> {
+        loop {
+            let now = self.owed.get(key.as_bytes())?;
+            let Some(new) = next(now.as_deref()) else {
+                return Ok(false);
+            };
+            if self
+                .owed
+                .compare_and_swap(key.as_bytes(), now, Some(new))?
+                .is_ok()
+            {
+                return Ok(true);
+            }
+        }
+    }
+
     fn first_loaded(&self, workflow: &str) -> Result<Option<DateTime<Utc>>> {
         get(&self.meta, "meta", &format!("first_loaded/{workflow}"))
     }
@@ -798,6 +818,7 @@ mod tests {
             dry_run_reason: None,
             model_spend: None,
             misreported: None,
+            daemon: None,
             sandbox: None,
         }
     }

@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::governed::Fire;
-use crate::store::{RunRecord, RunState};
+use crate::store::{RunRecord, RunState, Store};
 
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(500);
 /// A look at the folder even without events, in case the watch missed one.
@@ -34,6 +34,9 @@ pub struct FileWatch {
     pub dir: PathBuf,
     pub matcher: GlobMatcher,
     pub debounce: Duration,
+    /// The store that decides first whether a file is this daemon's to take (in a
+    /// cluster, whose folder may be shared between machines); none: moving it decides.
+    pub claims: Option<Store>,
 }
 
 /// Size and mtime last seen, and since when they have not changed.
@@ -124,7 +127,16 @@ where
         ready.sort();
         for path in ready {
             seen.remove(&path);
-            let Some(target) = claim(&path, &claimed) else {
+            let Some(id) = taken_here(&watch, &path) else {
+                continue;
+            };
+            let target = claim(&path, &claimed);
+            if let (Some(store), Some(id)) = (&watch.claims, id) {
+                if let Err(e) = store.release_file(&watch.workflow, &id) {
+                    tracing::warn!(workflow = %watch.workflow, file = %path.display(), "cannot let go of the file's claim in the store ({e}); it lapses in a day");
+                }
+            }
+            let Some(target) = target else {
                 continue;
             };
             if !fire_claimed(&watch, &claimed, &target, Some(&path), &submit, &cancel).await {
@@ -150,6 +162,31 @@ fn files_in(dir: &Path) -> Vec<PathBuf> {
     files.retain(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()));
     files.sort();
     files
+}
+
+/// Whether this daemon may take `path` (Some), with the id it claimed it by in the store
+/// (its name, size and modification time, so every daemon watching a shared folder asks
+/// about the same file). Not while the store cannot answer: the file stays for a later
+/// look.
+fn taken_here(watch: &FileWatch, path: &Path) -> Option<Option<String>> {
+    let Some(store) = &watch.claims else {
+        return Some(None);
+    };
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|m| m.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let id = format!("{name}\0{}\0{mtime}", meta.len());
+    match store.claim_file(&watch.workflow, &id) {
+        Ok(mine) => mine.then_some(Some(id)),
+        Err(e) => {
+            tracing::warn!(workflow = %watch.workflow, file = %path.display(), "cannot claim the file in the store ({e}): left for a later look");
+            None
+        }
+    }
 }
 
 /// Moves a complete file out of the watched folder; None (logged) if it is gone or stuck.

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 pub mod cluster;
 pub mod nats;
+pub mod sink;
 
 pub struct Env {
     pub dir: tempfile::TempDir,

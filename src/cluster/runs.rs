@@ -1,0 +1,164 @@
+//! The cluster's runs. Each daemon keeps its own runs in its own store, as on one
+//! machine (its recovery after a crash reads them), and writes each record to the runs
+//! bucket too, in order, from one task its runs never wait for ([`Mirror`]).
+//!
+//! Every daemon keeps a *view* of the whole cluster's runs: a store of its own under
+//! `STATE/cluster-view/`, made afresh at each start from the bucket (the newest record of
+//! each run), then kept current by a watch of it ([`feed_view`]). `steward runs`, the
+//! dashboard, `why`, the breaker's streak and the dead-man's switch read the view, so a
+//! run on one daemon counts on every daemon: a slot run by another daemon is not overdue
+//! here.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use futures_util::StreamExt;
+
+use super::buckets::RUNS;
+use super::connection::Cluster;
+use super::error::ClusterError;
+use crate::store::{RunRecord, Store};
+
+impl Cluster {
+    /// Writes `run` (whose `daemon` says who ran it) to the runs bucket.
+    pub async fn put_run(&self, run: &RunRecord) -> Result<(), ClusterError> {
+        self.records
+            .runs
+            .put_json(&run.run_id, run)
+            .await
+            .map(|_| ())
+    }
+
+    /// The newest record of run `id` in the bucket.
+    pub async fn shared_run(&self, id: &str) -> Result<Option<RunRecord>, ClusterError> {
+        self.records.runs.get_json(id).await
+    }
+
+    /// How many records the runs bucket holds now (asked of the server, not cached).
+    async fn runs_held(&self) -> Result<u64, ClusterError> {
+        let mut stream = self
+            .js
+            .get_stream(format!("KV_{RUNS}"))
+            .await
+            .map_err(ClusterError::store)?;
+        let info = stream.info().await.map_err(ClusterError::store)?;
+        Ok(info.state.messages)
+    }
+}
+
+/// Writes this daemon's run records to the bucket in the order they were made, never
+/// making a run wait: a record written while the server is away is written when it is
+/// back (the newest of each run only, should several be waiting).
+#[derive(Clone)]
+pub struct Mirror {
+    tx: tokio::sync::mpsc::UnboundedSender<RunRecord>,
+}
+
+impl Mirror {
+    /// Starts the writer on `bridge`'s runtime.
+    pub fn start(cluster: Cluster, bridge: &super::bridge::Bridge) -> Mirror {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<RunRecord>();
+        bridge.spawn(async move {
+            while let Some(first) = rx.recv().await {
+                // What queued up meanwhile, the newest record of each run.
+                let mut batch = vec![first];
+                while let Ok(more) = rx.try_recv() {
+                    match batch.iter_mut().find(|r| r.run_id == more.run_id) {
+                        Some(older) => *older = more,
+                        None => batch.push(more),
+                    }
+                }
+                for run in batch {
+                    write_until_done(&cluster, &run).await;
+                }
+            }
+        });
+        Mirror { tx }
+    }
+
+    pub fn send(&self, run: RunRecord) {
+        let _ = self.tx.send(run);
+    }
+}
+
+async fn write_until_done(cluster: &Cluster, run: &RunRecord) {
+    let mut pause = Duration::from_millis(50);
+    let mut told = false;
+    while let Err(e) = cluster.put_run(run).await {
+        if !told {
+            tracing::warn!(run = %run.run_id, "cluster: cannot write the run record ({e}); trying until the server is back");
+            told = true;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Fills `view` with the bucket's runs of other daemons, returns once it holds every one
+/// there was at the start, and keeps it current (watching from where it got to, again
+/// after a lost connection) until the process ends.
+pub async fn feed_view(cluster: Cluster, view: Store) -> Result<(), ClusterError> {
+    let held = cluster.runs_held().await?;
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let mut ready = Some(ready_tx);
+    if held == 0 {
+        let _ = ready.take().map(|tx| tx.send(()));
+    }
+    let mut watch = cluster
+        .records
+        .runs
+        .store()
+        .watch_with_history(">")
+        .await
+        .map_err(ClusterError::store)?;
+    tokio::spawn(async move {
+        let mut last = 0;
+        loop {
+            while let Some(entry) = watch.next().await {
+                let Ok(entry) = entry else { break };
+                last = entry.revision;
+                apply(&cluster, &view, &entry);
+                if entry.delta == 0 {
+                    let _ = ready.take().map(|tx| tx.send(()));
+                }
+            }
+            // The watch ended (the server went away): again from where it got to.
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let again = cluster
+                    .records
+                    .runs
+                    .store()
+                    .watch_all_from_revision(last + 1)
+                    .await;
+                if let Ok(w) = again {
+                    watch = w;
+                    break;
+                }
+            }
+        }
+    });
+    let _ = ready_rx.await;
+    Ok(())
+}
+
+/// One record from the bucket into the view: another daemon's (this daemon's own are
+/// written to the view as they are made).
+fn apply(cluster: &Cluster, view: &Store, entry: &kv::Entry) {
+    if entry.operation != kv::Operation::Put {
+        return;
+    }
+    let run: RunRecord = match serde_json::from_slice(&entry.value) {
+        Ok(run) => run,
+        Err(e) => {
+            tracing::warn!(key = %entry.key, "cluster: a run record in {RUNS} cannot be read ({e}): skipped");
+            return;
+        }
+    };
+    if run.daemon.as_deref() == Some(cluster.daemon.as_str()) {
+        return;
+    }
+    if let Err(e) = view.put_run(&run) {
+        tracing::warn!(run = %run.run_id, "cluster: cannot keep another daemon's run in the view: {e}");
+    }
+}
