@@ -231,6 +231,9 @@ pub enum Response {
     },
     Workflows {
         workflows: Vec<WorkflowRow>,
+        /// With `[cluster]`: the daemons alive, as in `status`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cluster: Option<ClusterStatus>,
     },
     Run {
         run: Box<RunRecord>,

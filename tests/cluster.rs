@@ -1098,6 +1098,35 @@ fn review_dead_letters_and_pauses_are_the_clusters() {
         );
     }
 
+    // `list` and the dashboard show the cluster: each daemon alive, and whose run it was.
+    let name_of = |v: &util::Env| -> String {
+        v.steward(&["status", "--json"]).json()["cluster"]["daemon"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let names: Vec<String> = three.views.iter().map(name_of).collect();
+    let list = three.views[1].steward(&["list"]).stdout;
+    for name in &names {
+        assert!(list.contains(name.as_str()), "{list}");
+    }
+    let board = util::http::board(&three.views[2]);
+    let cookie = board.sign_in();
+    let page = board.get(&cookie, "/").body;
+    assert!(page.contains("<h2>Cluster</h2>"), "{page}");
+    for name in &names {
+        assert!(
+            page.contains(name.as_str()),
+            "{name} missing from the overview:\n{page}"
+        );
+    }
+    // The approval's record is the approver's.
+    let run_page = board.get(&cookie, &format!("/runs/{waiting}")).body;
+    assert!(
+        run_page.contains(&format!("<dd id=\"daemon\">{}</dd>", name_of(approver))),
+        "the run page names the daemon of its record:\n{run_page}"
+    );
+
     // A dead letter of any daemon is every daemon's.
     let out = three.views[1].steward(&["enqueue", "fails", "--payload", "{}"]);
     assert_eq!(out.code, 0, "{out}");
@@ -1187,8 +1216,7 @@ fn an_overdue_slot_is_told_once_by_the_cluster() {
 #[test]
 fn a_file_in_a_folder_shared_between_daemons_runs_once() {
     let server = NatsServer::start();
-    // On another filesystem than the state folders, as a folder on NFS is: moving a file
-    // out is a copy and a remove, which two daemons could both do.
+    // On another filesystem than the state folders, as a folder on NFS is.
     let shared = tempfile::Builder::new()
         .prefix("steward-shared-")
         .tempdir_in("/dev/shm")
@@ -1200,14 +1228,51 @@ fn a_file_in_a_folder_shared_between_daemons_runs_once() {
     ));
     files.commit = Some(KEEP_CONTEXT.into());
     let three = three(&server, &[files]);
-    let total = 30;
+    let drop_file = |name: &str, body: &str| -> std::path::PathBuf {
+        let tmp = shared.path().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, body).unwrap();
+        tmp
+    };
+
+    // A file another member claimed in the store first (it beats, but has not moved the
+    // file yet) is left alone by the three; once that member is gone, one takes it over.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let holder = rt.block_on(daemon(&server, "holder", "2s"));
+    let held = drop_file("held.item", "held");
+    let id =
+        steward::trigger::file::claim_id(&held)
+            .unwrap()
+            .replacen(".held.item.tmp", "held.item", 1);
+    rt.block_on(beat(&holder));
+    assert!(rt.block_on(holder.claim_file("files", &id)).unwrap());
+    std::fs::rename(&held, shared.path().join("held.item")).unwrap();
+
+    let total = 20;
     for n in 0..total {
-        let tmp = shared.path().join(format!(".{n}.tmp"));
-        std::fs::write(&tmp, format!("file {n}")).unwrap();
+        let tmp = drop_file(&n.to_string(), &format!("file {n}"));
         std::fs::rename(&tmp, shared.path().join(format!("{n}.item"))).unwrap();
     }
-    util::wait_for("every file committed", Duration::from_secs(60), || {
-        three.commits().len() >= total
+    util::wait_for(
+        "every other file committed",
+        Duration::from_secs(60),
+        || three.commits().len() >= total,
+    );
+    for _ in 0..6 {
+        rt.block_on(beat(&holder));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        shared.path().join("held.item").exists(),
+        "a file claimed by a live member was taken\n{}",
+        three.logs()
+    );
+    // The holder stops beating: gone after its heartbeat (2 s), its file taken over at the
+    // next look (a folder's rescan, or the next file's event).
+    std::thread::sleep(Duration::from_secs(3));
+    let nudge = drop_file("nudge", "nudge");
+    std::fs::rename(&nudge, shared.path().join("nudge.item")).unwrap();
+    util::wait_for("the held file committed", Duration::from_secs(60), || {
+        three.commits().len() >= total + 2
     });
     // Long enough for a second run of a file, were there one.
     std::thread::sleep(Duration::from_secs(2));
@@ -1217,12 +1282,72 @@ fn a_file_in_a_folder_shared_between_daemons_runs_once() {
             .iter()
             .map(|c| c["trigger"]["name"].as_str().unwrap_or("?").to_string()),
     );
-    assert_eq!(names.len(), total, "{names:?}");
+    assert_eq!(names.len(), total + 2, "{names:?}");
     assert!(names.values().all(|n| *n == 1), "{names:?}");
-    // Each file made one run in the whole cluster: no daemon copied it a second time.
+    assert_eq!(names.get("held.item"), Some(&1), "{names:?}");
+    // Each file made one run in the whole cluster.
     let runs = three.views[0]
         .steward(&["runs", "-w", "files", "-n", "1000", "--json"])
         .json();
-    let runs = runs.as_array().unwrap();
-    assert_eq!(runs.len(), total, "{runs:#?}\n{}", three.logs());
+    assert_eq!(runs.as_array().unwrap().len(), total + 2, "{runs:#?}");
+}
+
+#[test]
+fn an_alerts_rate_window_holds_for_the_whole_cluster() {
+    let server = NatsServer::start();
+    let received = util::Env::new();
+    let sink = util::sink::sink(&received, "alerts.jsonl", None);
+    // Each failing item is dead-lettered: one alert each, but one an hour per channel.
+    let fails = util::Spec::new("fails", "cat >/dev/null\nsleep 0.2\nexit 1\n")
+        .trigger("queue = \"fails\"")
+        .tables("[retry]\nattempts = 1\n");
+    let three = three_with(&server, &[fails], |env| {
+        let path = env.config.join("steward.toml");
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(&format!(
+            "\n[[notify]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/\"\nevents = [\"dead_letter\"]\nevery = \"1h\"\n",
+            sink.http
+        ));
+        std::fs::write(path, text).unwrap();
+    });
+    let total = 9;
+    for n in 0..total {
+        let out = three.views[n % 3].steward(&["enqueue", "fails", "--payload", "{}"]);
+        assert_eq!(out.code, 0, "{out}");
+    }
+    let dead = |view: &util::Env| -> Vec<serde_json::Value> {
+        let out = view.steward(&["dead-letter", "list", "--json"]);
+        out.json().as_array().cloned().unwrap_or_default()
+    };
+    util::wait_for("every item dead-lettered", Duration::from_secs(60), || {
+        dead(&three.views[0]).len() == total
+    });
+    let ran_on: std::collections::BTreeSet<String> = dead(&three.views[0])
+        .iter()
+        .filter_map(|e| e["run"]["daemon"].as_str().map(String::from))
+        .collect();
+    assert!(ran_on.len() >= 2, "one daemon ran every item: {ran_on:?}");
+    // The first is sent; the rest, on whichever daemon, are held back behind it.
+    util::wait_for("the first alert", Duration::from_secs(30), || {
+        !util::sink::hooks(&sink, "dead_letter").is_empty()
+    });
+    let held = || -> usize {
+        three
+            .views
+            .iter()
+            .flat_map(|v| v.runlog())
+            .filter(|l| l["step"] == "alert" && l["status"] == "held")
+            .count()
+    };
+    util::wait_for("the others held back", Duration::from_secs(30), || {
+        held() == total - 1
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        util::sink::hooks(&sink, "dead_letter").len(),
+        1,
+        "{:#?}\n{}",
+        util::sink::hooks(&sink, "dead_letter"),
+        three.logs()
+    );
 }

@@ -97,6 +97,17 @@ struct Inner {
 }
 
 impl Gate {
+    /// A window opened by a send at `at` (wall clock), held nothing yet.
+    fn sent_at(at: chrono::DateTime<chrono::Utc>) -> Gate {
+        let ago = (chrono::Utc::now() - at).to_std().unwrap_or_default();
+        Gate {
+            last_sent: Instant::now().checked_sub(ago).unwrap_or_else(Instant::now),
+            last_sent_at: at,
+            held: 0,
+            latest: None,
+        }
+    }
+
     fn saved(&self) -> owed::SavedGate {
         owed::SavedGate {
             last_sent: self.last_sent_at,
@@ -131,8 +142,18 @@ impl Alerts {
             }
             let key = (current.ids[i].clone(), alert.workflow.clone(), alert.event);
             let every = channel.every();
-            match gates.get_mut(&key) {
-                Some(g) if g.last_sent.elapsed() < every => {
+            // Held back by this daemon's window, or by a send kept in the store (another
+            // daemon's of the cluster) within it.
+            let now = chrono::Utc::now();
+            let open = match gates.get(&key) {
+                Some(g) if g.last_sent.elapsed() < every => Err(g.last_sent_at),
+                _ => inner.owed.take_window(&key, every, now),
+            };
+            match open {
+                Err(sent_at) => {
+                    let g = gates
+                        .entry(key.clone())
+                        .or_insert_with(|| Gate::sent_at(sent_at));
                     if g.latest.is_none() {
                         // The first one held back: release them when the wait is over.
                         inner.release_at(key.clone(), g.last_sent + every);
@@ -154,13 +175,8 @@ impl Alerts {
                         ),
                     );
                 }
-                _ => {
-                    let gate = Gate {
-                        last_sent: Instant::now(),
-                        last_sent_at: chrono::Utc::now(),
-                        held: 0,
-                        latest: None,
-                    };
+                Ok(()) => {
+                    let gate = Gate::sent_at(now);
                     inner.owed.save_gate(&key, &gate.saved());
                     gates.insert(key.clone(), gate);
                     inner.deliver(
@@ -223,32 +239,43 @@ impl Inner {
     }
 
     /// A channel's wait for a workflow and event is over: send the newest alert it held
-    /// back, with how many came before it.
-    fn release(&self, key: &GateKey) {
+    /// back, with how many came before it — unless another daemon of the cluster sent one
+    /// within the window meanwhile: then wait for the end of that one.
+    fn release(self: &Arc<Self>, key: &GateKey) {
         let current = self.current.borrow().clone();
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
         let Some(gate) = gates.get_mut(key) else {
             return;
         };
+        if gate.latest.is_none() {
+            return;
+        }
+        // A channel edited away in the meantime gets nothing.
+        let Some(i) = current.ids.iter().position(|id| *id == key.0) else {
+            gate.latest = None;
+            return;
+        };
+        let channel = current.channels.list[i].clone();
+        let now = chrono::Utc::now();
+        if let Err(sent_at) = self.owed.take_window(key, channel.every(), now) {
+            let behind = Gate::sent_at(sent_at);
+            (gate.last_sent, gate.last_sent_at) = (behind.last_sent, behind.last_sent_at);
+            self.release_at(key.clone(), gate.last_sent + channel.every());
+            return;
+        }
         let Some(mut latest) = gate.latest.take() else {
             return;
         };
         latest.held_back = gate.held.saturating_sub(1);
-        gate.held = 0;
-        gate.last_sent = Instant::now();
-        gate.last_sent_at = chrono::Utc::now();
+        *gate = Gate::sent_at(now);
         self.owed.save_gate(key, &gate.saved());
-        // A channel edited away in the meantime gets nothing.
-        if let Some(i) = current.ids.iter().position(|id| *id == key.0) {
-            let channel = current.channels.list[i].clone();
-            self.deliver(
-                channel,
-                key.0.clone(),
-                current.channels.smtp.clone(),
-                latest,
-                None,
-            );
-        }
+        self.deliver(
+            channel,
+            key.0.clone(),
+            current.channels.smtp.clone(),
+            latest,
+            None,
+        );
     }
 
     /// At start-up: the rate windows as they were, and the deliveries still owed, resumed

@@ -27,6 +27,11 @@ pub const MAX_PENDING: usize = 1_000;
 const OUTBOX: &str = crate::store::OWNED_OWED;
 const GATE: &str = "alert/gate/";
 
+/// Where `key`'s rate window is kept.
+fn gate_key(key: &GateKey) -> String {
+    format!("{GATE}{}\0{}\0{}", key.0, key.1, key.2.name())
+}
+
 /// A delivery owed to a channel.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Pending {
@@ -109,8 +114,44 @@ impl Owed {
 
     pub fn save_gate(&self, key: &GateKey, gate: &SavedGate) {
         if let (Some(store), Ok(bytes)) = (&self.store, serde_json::to_vec(gate)) {
-            let k = format!("{GATE}{}\0{}\0{}", key.0, key.1, key.2.name());
-            Self::warn("keep a rate window", store.put_owed(&k, &bytes));
+            Self::warn("keep a rate window", store.put_owed(&gate_key(key), &bytes));
+        }
+    }
+
+    /// Takes `key`'s rate window for a send at `now`: Ok when no send within `every` is
+    /// kept (the window is now this send's), Err with the time of the send kept when one
+    /// is — another daemon's of the cluster, which this alert is held back behind. Of two
+    /// daemons sending at once, one takes the window. Without a store, or when the store
+    /// cannot answer, Ok: better sent twice than not at all.
+    pub fn take_window(
+        &self,
+        key: &GateKey,
+        every: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<(), DateTime<Utc>> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let every = chrono::Duration::from_std(every).unwrap_or(chrono::Duration::MAX);
+        let sent_at = std::cell::Cell::new(None);
+        let took = store.update_owed(&gate_key(key), &|kept| {
+            let kept: Option<SavedGate> = kept.and_then(|b| serde_json::from_slice(b).ok());
+            // A send kept from the future past one window (a clock far off) holds nothing.
+            let within = |g: &SavedGate| now - g.last_sent < every && g.last_sent - now < every;
+            if let Some(g) = kept.filter(within) {
+                sent_at.set(Some(g.last_sent));
+                return None;
+            }
+            let mine = SavedGate {
+                last_sent: now,
+                held: 0,
+                latest: None,
+            };
+            serde_json::to_vec(&mine).ok()
+        });
+        match Self::warn("take a rate window", took) {
+            Some(false) => Err(sent_at.get().unwrap_or(now)),
+            _ => Ok(()),
         }
     }
 

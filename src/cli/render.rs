@@ -307,30 +307,36 @@ pub fn status(out: &mut String, s: &Value) {
         wln!(out, "process containment: {note}");
     }
     if let Some(c) = s["cluster"].as_object() {
-        let servers: Vec<&str> = c["servers"]
-            .as_array()
-            .map(|l| l.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        cluster(out, c);
+    }
+}
+
+/// The cluster as this daemon sees it: its name, the servers, each daemon alive.
+pub fn cluster(out: &mut String, c: &serde_json::Map<String, Value>) {
+    let servers: Vec<&str> = c["servers"]
+        .as_array()
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    wln!(
+        out,
+        "cluster: this daemon is {} on {}",
+        c["daemon"].as_str().unwrap_or(""),
+        servers.join(", ")
+    );
+    if let Some(e) = c.get("error").and_then(Value::as_str) {
+        wln!(out, "  cannot read the cluster: {e}");
+    }
+    for b in c["alive"].as_array().into_iter().flatten() {
         wln!(
             out,
-            "cluster: this daemon is {} on {}",
-            c["daemon"].as_str().unwrap_or(""),
-            servers.join(", ")
+            "  {:<32} {} pid {}, {} run(s) in flight, since {}, last beat {}",
+            b["daemon"].as_str().unwrap_or(""),
+            b["host"].as_str().unwrap_or(""),
+            b["pid"],
+            b["runs_in_flight"],
+            b["started_at"].as_str().unwrap_or(""),
+            b["at"].as_str().unwrap_or("")
         );
-        if let Some(e) = c.get("error").and_then(Value::as_str) {
-            wln!(out, "  cannot read the cluster: {e}");
-        }
-        for b in c["alive"].as_array().into_iter().flatten() {
-            wln!(
-                out,
-                "  {:<32} {} pid {}, {} run(s) in flight, since {}",
-                b["daemon"].as_str().unwrap_or(""),
-                b["host"].as_str().unwrap_or(""),
-                b["pid"],
-                b["runs_in_flight"],
-                b["started_at"].as_str().unwrap_or("")
-            );
-        }
     }
 }
 

@@ -87,13 +87,18 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
                 wln!(s.stderr, "steward: warning: {w}");
             }
         }
-        R::Workflows { workflows } if view.json => pretty(out, workflows),
-        R::Workflows { workflows } => {
+        R::Workflows { workflows, .. } if view.json => pretty(out, workflows),
+        R::Workflows { workflows, cluster } => {
             let rows: Vec<serde_json::Value> = workflows
                 .iter()
                 .map(|w| serde_json::to_value(w).unwrap_or_default())
                 .collect();
             render::workflows_table(out, &rows);
+            if let Some(serde_json::Value::Object(c)) =
+                cluster.as_ref().and_then(|c| serde_json::to_value(c).ok())
+            {
+                render::cluster(out, &c);
+            }
         }
         R::Run { run } => s.code = show_run(out, run, view),
         R::Runs { runs } if view.json => pretty(out, runs),

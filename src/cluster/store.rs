@@ -35,6 +35,11 @@ use crate::store::{
 /// before its commit, or leaves its key in doubt after it.
 pub const STORE_WAIT: Duration = Duration::from_secs(30);
 
+/// How long what alerting and the dead-man's switch keep waits for an unreachable
+/// server: past it, an alert is sent (better twice than not at all) and its keeping is
+/// logged as failed.
+pub const OWED_WAIT: Duration = Duration::from_secs(2);
+
 /// The view of the cluster's runs, under the state folder.
 pub const VIEW: &str = "cluster-view";
 
@@ -144,8 +149,21 @@ impl MemberStore {
             + Send
             + 'static,
     {
+        self.call_within(STORE_WAIT, op)
+    }
+
+    /// [`MemberStore::call`], waiting for the server at most `limit`: what alerting keeps
+    /// is not worth holding a run for long ([`OWED_WAIT`]).
+    fn call_within<T, F, Fut>(&self, limit: Duration, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(Cluster) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, super::ClusterError>>
+            + Send
+            + 'static,
+    {
         let wait = || {
-            let deadline = std::time::Instant::now() + STORE_WAIT;
+            let deadline = std::time::Instant::now() + limit;
             let mut pause = Duration::from_millis(50);
             loop {
                 match self.bridge.block(op(self.cluster.clone())) {
@@ -459,7 +477,7 @@ impl Backend for MemberStore {
 
     fn put_owed(&self, key: &str, bytes: &[u8]) -> Result<()> {
         let (k, b, owned) = (key.to_string(), bytes.to_vec(), key.starts_with(OUTBOX));
-        self.call(move |c| {
+        self.call_within(OWED_WAIT, move |c| {
             let (k, b) = (k.clone(), b.clone());
             async move { c.put_owed(&k, &b, owned).await }
         })
@@ -467,7 +485,7 @@ impl Backend for MemberStore {
 
     fn remove_owed(&self, key: &str) -> Result<()> {
         let k = key.to_string();
-        self.call(move |c| {
+        self.call_within(OWED_WAIT, move |c| {
             let k = k.clone();
             async move { c.remove_owed(&k).await }
         })
@@ -475,7 +493,7 @@ impl Backend for MemberStore {
 
     fn owed(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
         let (p, owned) = (prefix.to_string(), prefix.starts_with(OUTBOX));
-        self.call(move |c| {
+        self.call_within(OWED_WAIT, move |c| {
             let p = p.clone();
             async move { c.owed(&p, owned).await }
         })
@@ -488,7 +506,7 @@ impl Backend for MemberStore {
     ) -> Result<bool> {
         let k = key.to_string();
         loop {
-            let now = self.call({
+            let now = self.call_within(OWED_WAIT, {
                 let k = k.clone();
                 move |c| {
                     let k = k.clone();
@@ -499,7 +517,7 @@ impl Backend for MemberStore {
                 return Ok(false);
             };
             let revision = now.map(|r| r.revision);
-            let swapped = self.call({
+            let swapped = self.call_within(OWED_WAIT, {
                 let k = k.clone();
                 move |c| {
                     let (k, new) = (k.clone(), new.clone());

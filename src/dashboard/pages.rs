@@ -46,6 +46,8 @@ struct RunRow {
     took: String,
     mode: &'static str,
     reason: String,
+    /// In a cluster, the daemon that ran it.
+    daemon: Option<String>,
 }
 
 impl RunRow {
@@ -58,6 +60,7 @@ impl RunRow {
             took: took(rec),
             mode: if rec.dry_run { "dry" } else { "live" },
             reason: rec.reason.clone(),
+            daemon: rec.daemon.clone(),
         }
     }
 }
@@ -123,6 +126,7 @@ pub async fn overview(State(d): State<Arc<Dashboard>>) -> Response {
             config_errors => status.config_errors,
             containment => status.process_containment,
             config_loaded_at => status.config_loaded_at,
+            cluster => status.cluster,
         },
     )
 }

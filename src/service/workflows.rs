@@ -143,7 +143,12 @@ pub(super) fn list(service: &Service) -> Handled {
     let config = service.config()?;
     let mut workflows = rows(service, &config)?;
     workflows.extend(agency_rows(&config));
-    Ok(Response::Workflows { workflows })
+    let cluster = service
+        .daemon
+        .as_ref()
+        .and_then(|d| d.member())
+        .map(cluster_status);
+    Ok(Response::Workflows { workflows, cluster })
 }
 
 /// Agencies, listed beside the workflows their members run.

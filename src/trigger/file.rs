@@ -164,22 +164,26 @@ fn files_in(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Whether this daemon may take `path` (Some), with the id it claimed it by in the store
-/// (its name, size and modification time, so every daemon watching a shared folder asks
-/// about the same file). Not while the store cannot answer: the file stays for a later
-/// look.
-fn taken_here(watch: &FileWatch, path: &Path) -> Option<Option<String>> {
-    let Some(store) = &watch.claims else {
-        return Some(None);
-    };
+/// The id a file is claimed by in the store: its name, size and modification time, the
+/// same for every daemon watching a shared folder (and kept by a rename into place).
+pub fn claim_id(path: &Path) -> Option<String> {
     let meta = std::fs::symlink_metadata(path).ok()?;
     let mtime = meta
         .modified()
         .ok()
         .and_then(|m| m.duration_since(SystemTime::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos());
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let id = format!("{name}\0{}\0{mtime}", meta.len());
+    let name = path.file_name()?.to_string_lossy();
+    Some(format!("{name}\0{}\0{mtime}", meta.len()))
+}
+
+/// Whether this daemon may take `path` (Some), with the [`claim_id`] it claimed it by in
+/// the store. Not while the store cannot answer: the file stays for a later look.
+fn taken_here(watch: &FileWatch, path: &Path) -> Option<Option<String>> {
+    let Some(store) = &watch.claims else {
+        return Some(None);
+    };
+    let id = claim_id(path)?;
     match store.claim_file(&watch.workflow, &id) {
         Ok(mine) => mine.then_some(Some(id)),
         Err(e) => {

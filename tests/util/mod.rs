@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod cluster;
+pub mod http;
 pub mod nats;
 pub mod sink;
 
