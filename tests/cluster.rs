@@ -653,6 +653,22 @@ fn a_daemon_killed_mid_run_loses_its_item_to_another_which_commits_it_once() {
     assert_eq!(commits[0]["trigger"]["payload"]["n"], 7);
     assert_eq!(commits[0]["trigger"]["attempt"], 2, "{commits:#?}");
     assert_eq!(commits[0]["run_id"], committer);
+    // The killed daemon's run is recorded interrupted in the cluster, not left running.
+    util::wait_for(
+        "the victim's run interrupted in the others' views",
+        Duration::from_secs(20),
+        || {
+            let runs = three.views[other]
+                .steward(&["runs", "-w", "slow", "--json"])
+                .json();
+            let runs = runs.as_array().cloned().unwrap_or_default();
+            runs.iter().any(|r| {
+                r["daemon"] == names[victim].as_str()
+                    && r["state"] == "interrupted"
+                    && r["reason"].as_str().unwrap_or("").contains("was gone")
+            }) && !runs.iter().any(|r| r["state"] == "running")
+        },
+    );
     let _ = three.daemons.remove(victim);
 }
 

@@ -85,11 +85,13 @@ impl Member {
 
     /// Keeps the heartbeat going (with `in_flight` runs), and every heartbeat frees what
     /// gone daemons held — their keys, and their open slots, each handed to `take_over`
-    /// to be run here — until [`Member::leave`].
+    /// to be run here — and hands the daemons alive to `alive` (for the runs of those gone
+    /// to be settled), until [`Member::leave`].
     pub fn start(
         &self,
         in_flight: impl Fn() -> u64 + Send + Sync + 'static,
         take_over: impl Fn(TakenSlot) + Send + Sync + 'static,
+        alive: impl Fn(Vec<String>) + Send + Sync + 'static,
     ) {
         self.bridge.spawn(keep_beating(
             self.cluster.clone(),
@@ -117,6 +119,10 @@ impl Member {
                         }
                     }
                     Err(e) => tracing::warn!("cluster: cannot look for gone daemons: {e}"),
+                }
+                match cluster.alive().await {
+                    Ok(beats) => alive(beats.into_iter().map(|b| b.daemon).collect()),
+                    Err(e) => tracing::warn!("cluster: cannot read the daemons alive: {e}"),
                 }
                 match cluster.take_over_open_slots().await {
                     Ok(taken) => {

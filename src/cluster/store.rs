@@ -26,8 +26,8 @@ use super::connection::Cluster;
 use super::keys::Lease;
 use super::runs::Mirror;
 use crate::store::{
-    Approval, Backend, Counts, DaySpend, DeadLetter, KeyPhase, KeyRecord, Pause, Result, Retention,
-    RunQuery, RunRecord, RunState, SeenDelivery, Store, StoreError,
+    Approval, Backend, Counts, DaySpend, DeadLetter, KeyPhase, KeyRecord, OwedUpdate, Pause,
+    Result, Retention, RunQuery, RunRecord, RunState, SeenDelivery, Store, StoreError,
 };
 
 /// How long a key's move waits for an unreachable server before the run gives up on it:
@@ -118,6 +118,41 @@ impl MemberStore {
     /// is its own leftover, settled when the key is wanted again.
     pub fn set_in_flight(&self, in_flight: InFlight) {
         *self.in_flight.write().unwrap_or_else(|p| p.into_inner()) = Some(in_flight);
+    }
+
+    /// Records as interrupted the runs the view shows running on daemons no longer
+    /// `alive` (gone without a word: killed, cut off): their keys and slots were freed,
+    /// and a restart on the same state folder says the same of them. Any daemon may do
+    /// it; two write the same.
+    pub fn settle_gone_runs(&self, alive: &[String]) {
+        let query = crate::store::RunQuery {
+            state: Some(RunState::Running),
+            limit: 1000,
+            ..Default::default()
+        };
+        let running = match self.view.run_page(&query) {
+            Ok(runs) => runs,
+            Err(e) => return tracing::warn!("cluster: cannot read the view's runs: {e}"),
+        };
+        for mut run in running {
+            let Some(daemon) = run.daemon.clone() else {
+                continue;
+            };
+            if daemon == self.cluster.daemon || alive.contains(&daemon) {
+                continue;
+            }
+            run.state = RunState::Interrupted;
+            run.reason = format!(
+                "its daemon {daemon} was gone (its heartbeat stopped) before the run ended"
+            );
+            run.ended_at = Some(Utc::now());
+            if let Err(e) = self.view.put_run(&run) {
+                tracing::warn!(run = %run.run_id, "cluster: cannot record a gone daemon's run interrupted: {e}");
+                continue;
+            }
+            tracing::warn!(run = %run.run_id, workflow = %run.workflow, daemon = %daemon, "cluster: a gone daemon's run recorded interrupted");
+            self.mirror.send(run);
+        }
     }
 
     fn running(&self, run_id: &str) -> bool {
@@ -499,11 +534,7 @@ impl Backend for MemberStore {
         })
     }
 
-    fn update_owed(
-        &self,
-        key: &str,
-        next: &dyn Fn(Option<&[u8]>) -> Option<Vec<u8>>,
-    ) -> Result<bool> {
+    fn update_owed(&self, key: &str, next: &OwedUpdate<'_>) -> Result<bool> {
         let k = key.to_string();
         loop {
             let now = self.call_within(OWED_WAIT, {

@@ -133,11 +133,13 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         let runner = shared.runner.clone();
         let here = tokio::runtime::Handle::current();
         let owner = shared.clone();
+        let views = store.clone();
         member.start(
             move || runner.in_flight().len() as u64,
             move |taken| {
                 here.spawn(triggers::run_taken_over(owner.clone(), taken));
             },
+            move |alive| views.settle_gone_runs(&alive),
         );
         let runner = shared.runner.clone();
         store.set_in_flight(Arc::new(move |run_id| {

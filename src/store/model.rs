@@ -309,6 +309,10 @@ pub struct Pause {
     pub by: String,
 }
 
+/// How [`Backend::update_owed`] moves an entry on: from what is kept (None: nothing), to
+/// what to keep (None: leave it).
+pub type OwedUpdate<'a> = dyn Fn(Option<&[u8]>) -> Option<Vec<u8>> + 'a;
+
 /// Entries of the `owed` tree under this prefix are work one process carries out (alert
 /// deliveries). In a cluster each is owned by the daemon that keeps it, and listed only
 /// to that daemon, or, once it is gone, to the daemon that takes it over.
@@ -436,11 +440,7 @@ pub trait Backend: Send + Sync {
     /// Moves `key` on by `next`, atomically: `next` sees what is kept now and says what to
     /// keep instead (None: leave it). True when this call changed it. Of two daemons of a
     /// cluster deciding at once whether a lapse was told, one tells it.
-    fn update_owed(
-        &self,
-        key: &str,
-        next: &dyn Fn(Option<&[u8]>) -> Option<Vec<u8>>,
-    ) -> Result<bool>;
+    fn update_owed(&self, key: &str, next: &OwedUpdate<'_>) -> Result<bool>;
 
     // ---- files of watched folders ----
     /// Claims file `file` (its name, size and modification time) of `workflow`'s watched

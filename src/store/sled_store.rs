@@ -534,11 +534,7 @@ impl Backend for SledStore {
             .collect()
     }
 
-    fn update_owed(
-        &self,
-        key: &str,
-        next: &dyn Fn(Option<&[u8]>) -> Option<Vec<u8>>,
-    ) -> Result<bool> {
+    fn update_owed(&self, key: &str, next: &OwedUpdate<'_>) -> Result<bool> {
         loop {
             let now = self.owed.get(key.as_bytes())?;
             let Some(new) = next(now.as_deref()) else {
