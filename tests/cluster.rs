@@ -377,6 +377,14 @@ async fn an_item_past_its_attempts_goes_to_the_dead_letter_stream_with_its_conte
     assert_eq!(dead[0].attempts, 2);
     assert_eq!(dead[0].last_daemon, "a");
     assert_eq!(dead[0].payload, b"{\"bad\": true}");
+    // And handed to the daemon, to be recorded as a dead-lettered run, once.
+    let given_up = pa.given_up();
+    assert_eq!(given_up.len(), 1);
+    assert_eq!(
+        (given_up[0].item_id.as_str(), given_up[0].attempts),
+        ("poison", 2)
+    );
+    assert!(pa.given_up().is_empty());
     assert!(pa.next(Duration::from_secs(2)).await.unwrap().is_none());
 }
 
@@ -1366,4 +1374,60 @@ fn an_alerts_rate_window_holds_for_the_whole_cluster() {
         util::sink::hooks(&sink, "dead_letter"),
         three.logs()
     );
+}
+
+#[test]
+fn a_queue_item_given_up_on_is_a_dead_letter_of_the_cluster() {
+    let server = NatsServer::start();
+    // Two items with one key: the second is delivered again and again while the first
+    // holds the key, until it is past its attempts.
+    let mut slow = util::Spec::new("slow", "cat >/dev/null\nsleep 8\necho '{}'\n")
+        .trigger("queue = \"jobs\"")
+        .key("{{ trigger.payload.n }}");
+    slow.commit = Some(KEEP_CONTEXT.into());
+    let three = three(&server, &[slow]);
+    let enqueue = |view: &util::Env| -> String {
+        let out = view.steward(&["enqueue", "jobs", "--payload", "{\"n\": 1}"]);
+        assert_eq!(out.code, 0, "{out}");
+        out.stdout.split_whitespace().nth(2).unwrap().to_string()
+    };
+    enqueue(&three.views[0]);
+    util::wait_for("the first item's run", Duration::from_secs(30), || {
+        three.views.iter().any(|v| {
+            v.steward(&["status", "--json"]).json()["in_flight"]
+                .as_array()
+                .is_some_and(|l| !l.is_empty())
+        })
+    });
+    let second = enqueue(&three.views[1]);
+    let mut entry = serde_json::Value::Null;
+    util::wait_for(
+        "the second item dead-lettered",
+        Duration::from_secs(60),
+        || {
+            let dead = three.views[2]
+                .steward(&["dead-letter", "list", "--json"])
+                .json();
+            entry = dead
+                .as_array()
+                .and_then(|d| {
+                    d.iter()
+                        .find(|e| e["run"]["trigger"]["item_id"] == second.as_str())
+                })
+                .cloned()
+                .unwrap_or_default();
+            !entry.is_null()
+        },
+    );
+    let run = &entry["run"];
+    assert_eq!(run["state"], "failed", "{entry:#}");
+    assert!(
+        run["reason"].as_str().unwrap().contains("given up"),
+        "{entry:#}"
+    );
+    assert_eq!(run["trigger"]["payload"]["n"], 1, "{entry:#}");
+    // The first commits, once; the second, given up, not at all.
+    util::wait_for("the first item's commit", Duration::from_secs(30), || {
+        three.commits().len() == 1
+    });
 }

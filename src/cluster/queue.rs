@@ -93,6 +93,7 @@ impl Cluster {
         let deliveries = super::buckets::open(&self.js, deliveries_bucket()).await?;
         self.dead_stream().await?;
         Ok(Puller {
+            given_up: Vec::new(),
             cluster: self.clone(),
             queue: queue.to_string(),
             consumer,
@@ -197,6 +198,8 @@ pub struct Puller {
     consumer: consumer::Consumer<consumer::pull::Config>,
     deliveries: kv::Store,
     max_attempts: u64,
+    /// Items this puller gave up on since the last [`Puller::given_up`].
+    given_up: Vec<DeadItem>,
 }
 
 /// One delivery of an item to this daemon.
@@ -242,13 +245,14 @@ impl Puller {
             let key = format!("{}.{sequence}", key_part(&self.queue));
             let before = self.holder(&key).await?;
             if attempt > self.max_attempts {
-                self.give_up(
-                    &message,
-                    &item_id,
-                    attempt - 1,
-                    before.map(|(h, _)| h.daemon),
-                )
-                .await?;
+                let dead = DeadItem {
+                    item_id: item_id.clone(),
+                    attempts: attempt - 1,
+                    last_daemon: before.map(|(h, _)| h.daemon).unwrap_or_default(),
+                    payload: message.payload.to_vec(),
+                };
+                self.give_up(&message, &dead).await?;
+                self.given_up.push(dead);
                 let _ = self.deliveries.purge(&key).await;
                 continue;
             }
@@ -295,21 +299,22 @@ impl Puller {
             .map(|h| (h, entry.revision)))
     }
 
+    /// The items given up on since the last call: for the daemon to record each as a
+    /// dead-lettered run, which `steward dead-letter list` shows and `retry` runs again.
+    pub fn given_up(&mut self) -> Vec<DeadItem> {
+        std::mem::take(&mut self.given_up)
+    }
+
     async fn give_up(
         &self,
         message: &jetstream::Message,
-        item_id: &str,
-        attempts: u64,
-        last_daemon: Option<String>,
+        dead: &DeadItem,
     ) -> Result<(), ClusterError> {
         let mut headers = async_nats::HeaderMap::new();
-        headers.insert(ITEM_ID, item_id);
+        headers.insert(ITEM_ID, dead.item_id.as_str());
         headers.insert("Steward-Queue", self.queue.as_str());
-        headers.insert("Steward-Attempts", attempts.to_string().as_str());
-        headers.insert(
-            "Steward-Last-Daemon",
-            last_daemon.unwrap_or_default().as_str(),
-        );
+        headers.insert("Steward-Attempts", dead.attempts.to_string().as_str());
+        headers.insert("Steward-Last-Daemon", dead.last_daemon.as_str());
         self.cluster
             .js
             .publish_with_headers(

@@ -337,11 +337,21 @@ impl Triggers {
             Trigger::Queue { queue: name } if shared.member.is_some() => {
                 let member = shared.member.clone()?;
                 let submit = submitter(shared.clone(), id.clone());
+                let (owner, workflow) = (shared.clone(), id.clone());
+                let given_up = move |fire, why| {
+                    let recorded = owner
+                        .workflow(&workflow)
+                        .map(|wf| owner.engine.record_given_up(&wf, fire, why));
+                    if let Some(Err(e)) = recorded {
+                        tracing::error!(workflow = %workflow, "cannot record a queue item given up on: {e}");
+                    }
+                };
                 tokio::spawn(crate::trigger::cluster_queue::run(
                     member,
                     name.clone(),
                     QUEUE_ATTEMPTS,
                     submit,
+                    given_up,
                     cancel.clone(),
                 ))
             }

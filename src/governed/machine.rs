@@ -204,6 +204,14 @@ impl Engine {
         self.finish(wf, rec, &StepEnv::none(), End::Skipped { why })
     }
 
+    /// Records a fire given up on before any run of it ended (a cluster's queue item
+    /// delivered past its attempts, each daemon it went to gone before acknowledging it):
+    /// failed, so it is dead-lettered, alerted, and `dead-letter retry` can run it.
+    pub fn record_given_up(&self, wf: &Workflow, fire: Fire, why: String) -> Result<RunRecord> {
+        let rec = new_record(wf, &fire, false, RunState::Failed);
+        self.finish(wf, rec, &StepEnv::none(), End::Failed { why })
+    }
+
     /// Records a scheduled slot that passed while steward was not running.
     pub fn record_missed(&self, wf: &Workflow, fire: Fire, why: String) -> Result<RunRecord> {
         let rec = new_record(wf, &fire, true, RunState::Missed);

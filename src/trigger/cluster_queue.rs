@@ -23,11 +23,14 @@ const PULL_WAIT: Duration = Duration::from_secs(1);
 const PAUSE_AFTER_ERROR: Duration = Duration::from_secs(1);
 
 /// Pulls `queue`'s items and runs each through `submit`, until `cancel`.
+/// An item given up on (past its attempts) is handed to `given_up` with the fire it
+/// would have been and why, to be recorded as a dead-lettered run.
 pub async fn run<F, Fut>(
     member: Member,
     queue: String,
     max_attempts: u32,
     submit: F,
+    given_up: impl Fn(Fire, String),
     cancel: CancellationToken,
 ) where
     F: Fn(Fire) -> Fut,
@@ -54,8 +57,19 @@ pub async fn run<F, Fut>(
         let p = puller.clone();
         let next = member
             .bridge
-            .run(async move { p.lock().await.next(PULL_WAIT).await })
-            .await;
+            .run(async move {
+                let mut p = p.lock().await;
+                let next = p.next(PULL_WAIT).await;
+                (next, p.given_up())
+            })
+            .await
+            .map(|(next, dead)| {
+                for item in dead {
+                    let (fire, why) = dead_fire(&queue, item);
+                    given_up(fire, why);
+                }
+                next
+            });
         let delivery = match next {
             Ok(Ok(Some(d))) => Arc::new(d),
             Ok(Ok(None)) => continue,
@@ -185,4 +199,22 @@ async fn pause(cancel: &CancellationToken, d: Duration) -> bool {
         _ = cancel.cancelled() => true,
         _ = tokio::time::sleep(d) => false,
     }
+}
+
+/// The fire an item given up on would have been, and why it never ran to its end.
+fn dead_fire(queue: &str, item: crate::cluster::queue::DeadItem) -> (Fire, String) {
+    let payload = crate::trigger::queue::decode_item(&item.payload).unwrap_or_else(|_| {
+        serde_json::Value::String(String::from_utf8_lossy(&item.payload).into_owned())
+    });
+    let fire = Fire::new(
+        "queue",
+        None,
+        json!({ "queue": queue, "item_id": item.item_id, "payload": payload, "attempt": item.attempts }),
+    );
+    let why = format!(
+        "queue item delivered {} time(s) without a run ending (its daemon gone each time, or its key held by a run in flight; the last to {}): given up; `steward dead-letter retry` runs it again",
+        item.attempts,
+        if item.last_daemon.is_empty() { "an unknown daemon" } else { &item.last_daemon }
+    );
+    (fire, why)
 }
