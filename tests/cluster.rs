@@ -569,7 +569,12 @@ fn a_thousand_queue_items_each_commit_once_across_three_daemons() {
     assert_eq!(live(&three.views[2]), true);
     let out = three.views[1].steward(&["dry-run", "work"]);
     assert_eq!(out.code, 0, "{out}");
-    assert_eq!(live(&three.views[2]), false);
+    // Each daemon follows the cluster's approvals: withdrawn everywhere within moments.
+    util::wait_for(
+        "the third daemon to run it dry",
+        Duration::from_secs(10),
+        || live(&three.views[2]) == false,
+    );
 }
 
 /// Which of the three daemons has a run of `workflow` in flight, waited for.
@@ -1169,8 +1174,11 @@ fn review_dead_letters_and_pauses_are_the_clusters() {
     // One pause holds every daemon, and one resume lifts it.
     let out = three.views[1].steward(&["pause", "work", "--reason", "maintenance"]);
     assert_eq!(out.code, 0, "{out}");
+    // Each daemon follows the cluster's pauses: seen everywhere within moments.
     for view in &three.views {
-        assert_eq!(paused(view, "work")["reason"], "maintenance");
+        util::wait_for("the pause on every daemon", Duration::from_secs(10), || {
+            paused(view, "work")["reason"] == "maintenance"
+        });
     }
     let before = three.commits().len();
     for n in 0..6 {
@@ -1184,7 +1192,11 @@ fn review_dead_letters_and_pauses_are_the_clusters() {
     let out = three.views[2].steward(&["resume", "work"]);
     assert_eq!(out.code, 0, "{out}");
     for view in &three.views {
-        assert!(paused(view, "work").is_null(), "{}", paused(view, "work"));
+        util::wait_for(
+            "the resume on every daemon",
+            Duration::from_secs(10),
+            || paused(view, "work").is_null(),
+        );
     }
     util::wait_for(
         "the items held back to commit",

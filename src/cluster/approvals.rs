@@ -12,6 +12,12 @@ use super::names::key_part;
 use crate::store::Approval;
 
 impl Cluster {
+    /// The approvals bucket as records (keys are [`key_part`]s of workflow names), for a
+    /// daemon to follow.
+    pub fn approval_records(&self) -> super::records::Records {
+        super::records::Records::new(self.approvals.clone(), APPROVALS, self.js.clone())
+    }
+
     /// The approval of `workflow`, if any.
     pub async fn approval(&self, workflow: &str) -> Result<Option<Approval>, ClusterError> {
         let key = key_part(workflow);

@@ -131,7 +131,7 @@ impl RecordBuckets {
         let days = |n: u64| Duration::from_secs(n * 24 * 3600);
         let open = |name: &'static str, what: &'static str, max_age: Duration| async move {
             let store = buckets::open(js, records(name, what, max_age)).await?;
-            Ok::<_, ClusterError>(Records::new(store, name))
+            Ok::<_, ClusterError>(Records::new(store, name, js.clone()))
         };
         Ok(RecordBuckets {
             runs: open(RUNS, "run records, with the daemon of each", days(30)).await?,

@@ -3,7 +3,9 @@
 //! read, written, listed and compared-and-set through this one shape. A key may be any
 //! text ([`key_part`] makes it a NATS key, and a listing reads it back).
 
-use async_nats::jetstream::kv;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv};
 use futures_util::StreamExt;
 
 use super::error::ClusterError;
@@ -14,6 +16,7 @@ use super::names::{from_key_part, key_part};
 pub struct Records {
     store: kv::Store,
     name: &'static str,
+    js: jetstream::Context,
 }
 
 /// A record as read: its value and the revision to compare-and-set it at.
@@ -23,8 +26,8 @@ pub struct Read {
 }
 
 impl Records {
-    pub fn new(store: kv::Store, name: &'static str) -> Records {
-        Records { store, name }
+    pub fn new(store: kv::Store, name: &'static str, js: jetstream::Context) -> Records {
+        Records { store, name, js }
     }
 
     pub async fn get(&self, key: &str) -> Result<Option<Read>, ClusterError> {
@@ -141,8 +144,99 @@ impl Records {
         Ok(out)
     }
 
-    /// The bucket itself, for a watch.
-    pub fn store(&self) -> &kv::Store {
-        &self.store
+    /// How many records the bucket holds now (asked of the server, not cached).
+    async fn held(&self) -> Result<u64, ClusterError> {
+        let mut stream = self
+            .js
+            .get_stream(format!("KV_{}", self.name))
+            .await
+            .map_err(ClusterError::store)?;
+        let info = stream.info().await.map_err(ClusterError::store)?;
+        Ok(info.state.messages)
+    }
+
+    /// Hands `apply` the newest record of each key, then each change, and returns once it
+    /// has handed over every record there was at the start; goes on following (watching
+    /// again from where it got to after a lost connection) until the process ends.
+    pub async fn follow(
+        &self,
+        apply: impl Fn(&kv::Entry) + Send + 'static,
+    ) -> Result<(), ClusterError> {
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let mut ready = Some(ready_tx);
+        if self.held().await? == 0 {
+            let _ = ready.take().map(|tx| tx.send(()));
+        }
+        let mut watch = self
+            .store
+            .watch_with_history(">")
+            .await
+            .map_err(ClusterError::store)?;
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let mut last = 0;
+            loop {
+                while let Some(Ok(entry)) = watch.next().await {
+                    last = entry.revision;
+                    apply(&entry);
+                    if entry.delta == 0 {
+                        let _ = ready.take().map(|tx| tx.send(()));
+                    }
+                }
+                // The watch ended (the server went away): again from where it got to.
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if let Ok(w) = store.watch_all_from_revision(last + 1).await {
+                        watch = w;
+                        break;
+                    }
+                }
+            }
+        });
+        let _ = ready_rx.await;
+        Ok(())
+    }
+}
+
+/// A bucket's records in memory, by key, kept current by [`Records::follow`]: read on
+/// every run (a pause), so without a round trip to the server. A write through this
+/// daemon shows at once; another daemon's, as soon as the watch brings it.
+#[derive(Clone, Default)]
+pub struct Cached {
+    map: std::sync::Arc<std::sync::RwLock<std::collections::HashMap<String, Vec<u8>>>>,
+}
+
+impl Cached {
+    /// The records of `records`, followed from now on.
+    pub async fn follow(records: &Records) -> Result<Cached, ClusterError> {
+        let cached = Cached::default();
+        let feed = cached.clone();
+        records
+            .follow(move |entry| {
+                let Some(key) = from_key_part(&entry.key) else {
+                    return;
+                };
+                let value = (entry.operation == kv::Operation::Put).then(|| entry.value.to_vec());
+                feed.set(&key, value);
+            })
+            .await?;
+        Ok(cached)
+    }
+
+    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// Keeps `value` under `key` (None: removes it).
+    pub fn set(&self, key: &str, value: Option<Vec<u8>>) {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        match value {
+            Some(v) => map.insert(key.to_string(), v),
+            None => map.remove(key),
+        };
     }
 }

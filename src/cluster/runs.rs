@@ -12,7 +12,6 @@
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
-use futures_util::StreamExt;
 
 use super::buckets::RUNS;
 use super::connection::Cluster;
@@ -32,17 +31,6 @@ impl Cluster {
     /// The newest record of run `id` in the bucket.
     pub async fn shared_run(&self, id: &str) -> Result<Option<RunRecord>, ClusterError> {
         self.records.runs.get_json(id).await
-    }
-
-    /// How many records the runs bucket holds now (asked of the server, not cached).
-    async fn runs_held(&self) -> Result<u64, ClusterError> {
-        let mut stream = self
-            .js
-            .get_stream(format!("KV_{RUNS}"))
-            .await
-            .map_err(ClusterError::store)?;
-        let info = stream.info().await.map_err(ClusterError::store)?;
-        Ok(info.state.messages)
     }
 }
 
@@ -95,51 +83,11 @@ async fn write_until_done(cluster: &Cluster, run: &RunRecord) {
 }
 
 /// Fills `view` with the bucket's runs of other daemons, returns once it holds every one
-/// there was at the start, and keeps it current (watching from where it got to, again
-/// after a lost connection) until the process ends.
+/// there was at the start, and keeps it current until the process ends.
 pub async fn feed_view(cluster: Cluster, view: Store) -> Result<(), ClusterError> {
-    let held = cluster.runs_held().await?;
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let mut ready = Some(ready_tx);
-    if held == 0 {
-        let _ = ready.take().map(|tx| tx.send(()));
-    }
-    let mut watch = cluster
-        .records
-        .runs
-        .store()
-        .watch_with_history(">")
+    let runs = cluster.records.runs.clone();
+    runs.follow(move |entry| apply(&cluster, &view, entry))
         .await
-        .map_err(ClusterError::store)?;
-    tokio::spawn(async move {
-        let mut last = 0;
-        loop {
-            while let Some(entry) = watch.next().await {
-                let Ok(entry) = entry else { break };
-                last = entry.revision;
-                apply(&cluster, &view, &entry);
-                if entry.delta == 0 {
-                    let _ = ready.take().map(|tx| tx.send(()));
-                }
-            }
-            // The watch ended (the server went away): again from where it got to.
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let again = cluster
-                    .records
-                    .runs
-                    .store()
-                    .watch_all_from_revision(last + 1)
-                    .await;
-                if let Ok(w) = again {
-                    watch = w;
-                    break;
-                }
-            }
-        }
-    });
-    let _ = ready_rx.await;
-    Ok(())
 }
 
 /// One record from the bucket into the view: another daemon's (this daemon's own are

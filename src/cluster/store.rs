@@ -53,6 +53,10 @@ use crate::store::OWNED_OWED as OUTBOX;
 pub struct MemberStore {
     local: Store,
     view: Store,
+    /// The cluster's pauses and go-live approvals, read on every fire without a round
+    /// trip.
+    pauses: super::records::Cached,
+    approvals: super::records::Cached,
     mirror: Mirror,
     cluster: Cluster,
     bridge: Bridge,
@@ -96,9 +100,29 @@ impl MemberStore {
                 "cluster: the view of the cluster's runs is still being read; going on"
             ),
         }
+        let pauses = {
+            let cluster = cluster.clone();
+            bridge
+                .run(async move { super::records::Cached::follow(&cluster.records.pauses).await })
+                .await
+                .context("cannot read the cluster's pauses")?
+                .context("cannot read the cluster's pauses")?
+        };
+        let approvals = {
+            let cluster = cluster.clone();
+            bridge
+                .run(async move {
+                    super::records::Cached::follow(&cluster.approval_records()).await
+                })
+                .await
+                .context("cannot read the cluster's approvals")?
+                .context("cannot read the cluster's approvals")?
+        };
         let store = Arc::new(MemberStore {
             local,
             view,
+            pauses,
+            approvals,
             mirror: Mirror::start(cluster.clone(), &bridge),
             cluster,
             bridge,
@@ -495,11 +519,18 @@ impl Backend for MemberStore {
         day: chrono::NaiveDate,
         spend: &DaySpend,
     ) -> Result<()> {
-        let (w, spend) = (workflow.to_string(), *spend);
-        self.call(move |c| {
-            let w = w.clone();
-            async move { c.add_day_spend(&w, day, &spend).await }
-        })
+        // Off the run's path: a sum for the dashboard, added when the server answers.
+        let (w, spend, cluster) = (workflow.to_string(), *spend, self.cluster.clone());
+        self.bridge.spawn(async move {
+            let deadline = tokio::time::Instant::now() + STORE_WAIT;
+            while let Err(e) = cluster.add_day_spend(&w, day, &spend).await {
+                if tokio::time::Instant::now() >= deadline {
+                    return tracing::warn!(workflow = %w, "cluster: a run's spend was not added to its day: {e}");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Ok(())
     }
 
     fn day_spend(&self, workflow: &str, day: chrono::NaiveDate) -> Result<DaySpend> {
@@ -680,42 +711,54 @@ impl Backend for MemberStore {
     }
 
     fn approval(&self, workflow: &str) -> Result<Option<Approval>> {
-        let workflow = workflow.to_string();
-        self.call(move |c| {
-            let workflow = workflow.clone();
-            async move { c.approval(&workflow).await }
-        })
+        let Some(bytes) = self.approvals.get(workflow) else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StoreError::Shared(format!("the cluster's approval of `{workflow}`: {e}")))
     }
 
     fn approve_go_live(&self, approval: &Approval) -> Result<()> {
-        let approval = approval.clone();
+        let a = approval.clone();
         self.call(move |c| {
-            let approval = approval.clone();
-            async move { c.approve_go_live(&approval).await }
-        })
+            let a = a.clone();
+            async move { c.approve_go_live(&a).await }
+        })?;
+        let bytes = serde_json::to_vec(approval).map_err(|e| StoreError::Shared(e.to_string()))?;
+        self.approvals.set(&approval.workflow, Some(bytes));
+        Ok(())
     }
 
     fn revoke_go_live(&self, workflow: &str) -> Result<bool> {
-        let workflow = workflow.to_string();
-        self.call(move |c| {
-            let workflow = workflow.clone();
-            async move { c.revoke_go_live(&workflow).await }
-        })
+        let had = self.named(workflow, |c, w| async move { c.revoke_go_live(&w).await })?;
+        self.approvals.set(workflow, None);
+        Ok(had)
     }
 
     fn pause(&self, pause: &Pause) -> Result<()> {
-        let pause = pause.clone();
+        let p = pause.clone();
         self.call(move |c| {
-            let pause = pause.clone();
-            async move { c.pause(&pause).await }
-        })
+            let p = p.clone();
+            async move { c.pause(&p).await }
+        })?;
+        let bytes = serde_json::to_vec(pause).map_err(|e| StoreError::Shared(e.to_string()))?;
+        self.pauses.set(&pause.workflow, Some(bytes));
+        Ok(())
     }
 
     fn resume(&self, workflow: &str) -> Result<Option<Pause>> {
-        self.named(workflow, |c, w| async move { c.resume(&w).await })
+        let had = self.named(workflow, |c, w| async move { c.resume(&w).await })?;
+        self.pauses.set(workflow, None);
+        Ok(had)
     }
 
     fn paused(&self, workflow: &str) -> Result<Option<Pause>> {
-        self.named(workflow, |c, w| async move { c.paused(&w).await })
+        let Some(bytes) = self.pauses.get(workflow) else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StoreError::Shared(format!("the cluster's pause of `{workflow}`: {e}")))
     }
 }
