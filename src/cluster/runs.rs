@@ -34,6 +34,9 @@ impl Cluster {
     }
 }
 
+/// How long the writer gathers records before writing the newest of each run.
+const GATHER: Duration = Duration::from_millis(20);
+
 /// Writes this daemon's run records to the bucket in the order they were made, never
 /// making a run wait: a record written while the server is away is written when it is
 /// back (the newest of each run only, should several be waiting).
@@ -48,7 +51,9 @@ impl Mirror {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<RunRecord>();
         bridge.spawn(async move {
             while let Some(first) = rx.recv().await {
-                // What queued up meanwhile, the newest record of each run.
+                // A moment for a short run's later records to come: the newest of each run
+                // is written, not every step of it (the others' views lag by as much).
+                tokio::time::sleep(GATHER).await;
                 let mut batch = vec![first];
                 while let Ok(more) = rx.try_recv() {
                     match batch.iter_mut().find(|r| r.run_id == more.run_id) {
