@@ -139,6 +139,12 @@ pub struct WorkflowRow {
     /// Set while the workflow is paused: its fires are recorded skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<Pause>,
+    /// An `after` trigger's upstream and outcomes: `fetch (success)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follows: Option<String>,
+    /// The workflows that follow this one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub followers: Vec<String>,
 }
 
 fn workflow_kind() -> String {
@@ -174,6 +180,19 @@ pub struct Status {
     /// With `[cluster]`: this daemon's name and the daemons alive, by their heartbeats.
     #[serde(default)]
     pub cluster: Option<ClusterStatus>,
+}
+
+/// An upstream run's end, as its follower's `steward why` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpstreamEnd {
+    pub run_id: String,
+    pub workflow: String,
+    pub state: crate::store::RunState,
+    pub ended_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The follower's run it fired (none: it did not fire it).
+    pub fired: Option<String>,
+    /// Why, in words.
+    pub why: String,
 }
 
 /// The cluster as one daemon sees it.
@@ -277,6 +296,9 @@ pub enum Response {
         /// The zone slots are shown in (the schedule's).
         timezone: String,
         entries: Vec<crate::ledger::Entry>,
+        /// A follower's (`after`): its upstream's recent ends, and which fired it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        upstream: Vec<UpstreamEnd>,
     },
     KeysInDoubt {
         keys: Vec<KeyRecord>,

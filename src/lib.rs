@@ -44,6 +44,7 @@ pub mod alert;
 pub mod api;
 pub mod budget;
 pub mod catchup;
+pub mod chain;
 pub mod cli;
 pub mod cluster;
 pub mod config;

@@ -69,6 +69,8 @@ pub enum Ask {
     Live,
     /// The operator did not ask for live (`steward run` without `--live`, a preview).
     Dry,
+    /// A follower of a dry upstream run: a rehearsal of the whole chain runs dry.
+    DryUpstream,
 }
 
 /// Why a run is dry.
@@ -87,6 +89,8 @@ pub enum DryReason {
     LiveNotAsked,
     /// The run being resumed (an approval of an escalated run) was itself a dry-run.
     RunWasDry,
+    /// The upstream run that fired it (an `after` trigger) was a dry-run.
+    UpstreamWasDry,
 }
 
 impl DryReason {
@@ -98,6 +102,7 @@ impl DryReason {
             DryReason::ForcedDryRun => "forced dry-run is on (SIGUSR1; SIGUSR2 lifts it)",
             DryReason::LiveNotAsked => "live not asked for (`--live` not given)",
             DryReason::RunWasDry => "the run was a dry-run",
+            DryReason::UpstreamWasDry => "the upstream run that fired it was a dry-run",
         }
     }
 }
@@ -170,6 +175,9 @@ pub fn decide(
     }
     if ask == Ask::Dry {
         return Ok(Mode::Dry(DryReason::LiveNotAsked));
+    }
+    if ask == Ask::DryUpstream {
+        return Ok(Mode::Dry(DryReason::UpstreamWasDry));
     }
     Ok(Mode::Live(approval.clone()))
 }

@@ -180,6 +180,13 @@ pub fn workflows_table(out: &mut String, rows: &[Value]) {
             r["description"].as_str().unwrap_or("")
         );
         wln!(out, "{:<22} {}", "", r["mode"].as_str().unwrap_or(""));
+        if let Some(up) = r["follows"].as_str() {
+            wln!(out, "{:<22} follows {up}", "");
+        }
+        if let Some(f) = r["followers"].as_array().filter(|f| !f.is_empty()) {
+            let names: Vec<&str> = f.iter().filter_map(Value::as_str).collect();
+            wln!(out, "{:<22} followed by {}", "", names.join(", "));
+        }
         if let Some(p) = r["paused"].as_object() {
             wln!(
                 out,

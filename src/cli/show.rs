@@ -169,10 +169,19 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
             pause.cause.name(),
             pause.reason
         ),
+        R::Why {
+            entries, upstream, ..
+        } if view.json && !upstream.is_empty() => pretty(
+            out,
+            &serde_json::json!({ "entries": entries, "upstream": upstream }),
+        ),
         R::Why { entries, .. } if view.json => pretty(out, entries),
         R::Why {
-            workflow, entries, ..
-        } if entries.is_empty() => {
+            workflow,
+            entries,
+            upstream,
+            ..
+        } if entries.is_empty() && upstream.is_empty() => {
             wln!(
                 out,
                 "{workflow}: nothing recorded then (no slot, no fire, or older than the oldest record kept)"
@@ -180,14 +189,31 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
             s.code = 1;
         }
         R::Why {
-            timezone, entries, ..
+            timezone,
+            entries,
+            upstream,
+            ..
         } => {
             let tz: chrono_tz::Tz = timezone.parse().unwrap_or(chrono_tz::Tz::UTC);
+            let local = |t: chrono::DateTime<chrono::Utc>| {
+                t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S %Z").to_string()
+            };
             for e in entries {
-                let local = |t: chrono::DateTime<chrono::Utc>| {
-                    t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S %Z").to_string()
-                };
                 wln!(out, "{}", crate::ledger::line(e, local));
+            }
+            if !upstream.is_empty() {
+                wln!(out, "upstream runs, newest first:");
+            }
+            for u in upstream {
+                wln!(
+                    out,
+                    "  {} {} {} ended {}: {}",
+                    u.ended_at.map(local).unwrap_or_default(),
+                    u.workflow,
+                    u.run_id,
+                    u.state.name(),
+                    u.why
+                );
             }
         }
         R::KeysInDoubt { keys } if view.json => pretty(out, keys),

@@ -4,6 +4,7 @@
 //! [`load_dir`] reads all of it and reports every error of the folder, not just the
 //! first, each naming file, line and column and what was expected.
 
+pub mod after;
 pub mod agency;
 pub mod agent;
 pub mod cluster;
@@ -330,6 +331,7 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
     config.agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
     config.sources = sources;
     config.agencies = agency::load(root, &config.workflows, &broken, &mut errors);
+    errors.extend(after::errors(&config.workflows, &broken));
     if errors.is_empty() {
         Ok(config)
     } else {

@@ -35,6 +35,20 @@ struct RawTrigger {
     queue: Option<Spanned<String>>,
     #[serde(default)]
     webhook: Option<Spanned<WebhookTrigger>>,
+    #[serde(default)]
+    after: Option<Spanned<RawAfter>>,
+}
+
+/// `after = { workflow = "…" | all = […], on = […] }`, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAfter {
+    #[serde(default)]
+    workflow: Option<String>,
+    #[serde(default)]
+    all: Option<Vec<String>>,
+    #[serde(default)]
+    on: Option<Vec<super::workflow::Outcome>>,
 }
 
 /// `schedule = { … }` with each value's place in the file, so an error points at it.
@@ -296,6 +310,8 @@ impl Validator<'_> {
                     // A provider redelivers until it hears back: its delivery id (or the
                     // hash of what was signed) keeps a redelivery from committing twice.
                     Some(Trigger::Webhook(_)) => Some("{{ trigger.delivery_id }}".to_string()),
+                    // A follower fires once per upstream run (or set of them, fan-in).
+                    Some(Trigger::After(_)) => Some("{{ trigger.upstream_ids }}".to_string()),
                     _ => None,
                 });
         let sandbox_own = raw.sandbox.unwrap_or_default();
@@ -417,20 +433,58 @@ impl Validator<'_> {
             }
             kinds.push(Trigger::Webhook(w));
         }
+        if let Some(a) = t.after {
+            kinds.extend(self.after(a).map(Trigger::After));
+        }
         match kinds.len() {
             1 => kinds.pop(),
             0 => {
                 self.err(
                     span,
-                    "[trigger] needs exactly one of: schedule, file, queue, webhook, manual = true",
+                    "[trigger] needs exactly one of: schedule, file, queue, webhook, after, manual = true",
                 );
                 None
             }
             _ => {
-                self.err(span, "[trigger] has more than one kind: a workflow has exactly one trigger (schedule, file, queue, webhook or manual)");
+                self.err(span, "[trigger] has more than one kind: a workflow has exactly one trigger (schedule, file, queue, webhook, after or manual)");
                 None
             }
         }
+    }
+
+    /// `after`: one upstream workflow, or `all` of several; `on` some outcomes.
+    fn after(&mut self, raw: Spanned<RawAfter>) -> Option<super::workflow::AfterTrigger> {
+        use super::workflow::{AfterTrigger, Outcome};
+        let span = raw.span();
+        let raw = raw.into_inner();
+        let (upstream, all) = match (raw.workflow, raw.all) {
+            (Some(w), None) => (vec![w], false),
+            (None, Some(list)) if list.len() >= 2 => (list, true),
+            (None, Some(_)) => {
+                self.err(
+                    span,
+                    "trigger.after.all: list two workflows or more (one is `workflow = \"…\"`)",
+                );
+                return None;
+            }
+            _ => {
+                self.err(span, "trigger.after: name the workflow it follows, `workflow = \"fetch\"`, or several with `all = [\"a\", \"b\"]` (not both)");
+                return None;
+            }
+        };
+        if let Some(bad) = upstream.iter().find(|u| !valid_id(u)) {
+            self.err(
+                span,
+                format!("trigger.after: `{bad}` is not a workflow id (a-z, 0-9, `-`, `_`)"),
+            );
+            return None;
+        }
+        let on = raw.on.unwrap_or_else(|| vec![Outcome::Success]);
+        if on.is_empty() {
+            self.err(span, "trigger.after.on: name at least one of \"success\", \"failure\", \"any\" (default [\"success\"])");
+            return None;
+        }
+        Some(AfterTrigger { upstream, all, on })
     }
 
     /// The schedule, each error at the value it is about.

@@ -32,8 +32,12 @@ pub enum Trigger {
     Manual,
     Schedule(ScheduleTrigger),
     File(FileTrigger),
-    Queue { queue: String },
+    Queue {
+        queue: String,
+    },
     Webhook(WebhookTrigger),
+    /// Another workflow's run ended (see [`AfterTrigger`]).
+    After(AfterTrigger),
 }
 
 impl Trigger {
@@ -44,6 +48,79 @@ impl Trigger {
             Trigger::File(_) => "file",
             Trigger::Queue { .. } => "queue",
             Trigger::Webhook(_) => "webhook",
+            Trigger::After(_) => "after",
+        }
+    }
+
+    /// The `after` trigger, if this is one.
+    pub fn after(&self) -> Option<&AfterTrigger> {
+        match self {
+            Trigger::After(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// `after = { workflow = "fetch", on = ["success"] }`: fired by each run of `fetch` that
+/// ends in one of `on` (several followers of one workflow each fire: a fan-out).
+/// `after = { all = ["fetch-a", "fetch-b"] }`: fired once every one of them has a run
+/// ending in `on` newer than this workflow's last fire by them (a fan-in).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AfterTrigger {
+    /// The workflows whose runs fire this one.
+    pub upstream: Vec<String>,
+    /// All of them (fan-in), or the one.
+    pub all: bool,
+    pub on: Vec<Outcome>,
+}
+
+impl AfterTrigger {
+    /// Whether a run of upstream `workflow` that ended `state` counts.
+    pub fn fired_by(&self, workflow: &str, state: crate::store::RunState) -> bool {
+        self.upstream.iter().any(|u| u == workflow) && self.on.iter().any(|o| o.matches(state))
+    }
+
+    /// `fetch (success)`, `all of a, b (success, failure)`: who it follows, as a person
+    /// reads it.
+    pub fn describe(&self) -> String {
+        let on: Vec<&str> = self.on.iter().map(|o| o.name()).collect();
+        let who = if self.all {
+            format!("all of {}", self.upstream.join(", "))
+        } else {
+            self.upstream.join(", ")
+        };
+        format!("{who} ({})", on.join(", "))
+    }
+}
+
+/// How an upstream run ended, as an `after` trigger's `on` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// It succeeded (committed, or ran dry to its end).
+    Success,
+    /// It failed, exhausted its budget or stagnated: it was dead-lettered.
+    Failure,
+    /// Either of those, or a clean no-op.
+    Any,
+}
+
+impl Outcome {
+    pub fn matches(self, state: crate::store::RunState) -> bool {
+        use crate::store::RunState as S;
+        let failure = matches!(state, S::Failed | S::Exhausted | S::Stagnated);
+        match self {
+            Outcome::Success => state == S::Success,
+            Outcome::Failure => failure,
+            Outcome::Any => failure || matches!(state, S::Success | S::CleanNoOp),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Failure => "failure",
+            Outcome::Any => "any",
         }
     }
 }

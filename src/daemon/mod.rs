@@ -9,6 +9,7 @@
 //! second one cuts the grace short). An edit to the config folder reloads the same way
 //! without a signal ([`live_config`]). Runs are never cut short by a reload.
 
+mod chain;
 mod live_config;
 mod shared;
 mod triggers;
@@ -112,15 +113,24 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     let listener = crate::control_socket::bind(&state_dir)?;
     // A previous daemon's webhook address is not this one's.
     let _ = std::fs::remove_file(state_dir.join("webhook.addr"));
+    let live_config = Arc::new(live_config::LiveConfig::new(
+        opts.config_dir.clone(),
+        config,
+    ));
+    // Each run's end is handed to the followers of its workflow (`after` triggers).
+    let (ended_tx, ended_rx) = tokio::sync::mpsc::unbounded_channel();
+    let followed = live_config.clone();
+    engine.ended = Some(Arc::new(move |rec: &crate::store::RunRecord| {
+        if crate::chain::is_followed(&followed.running(), &rec.workflow) {
+            let _ = ended_tx.send(rec.clone());
+        }
+    }));
     let shared = Arc::new(Shared {
         runner: Runner::new(engine.clone(), opts.max_concurrent),
         engine,
         config_dir: opts.config_dir.clone(),
         state_dir: state_dir.clone(),
-        config: Arc::new(live_config::LiveConfig::new(
-            opts.config_dir.clone(),
-            config,
-        )),
+        config: live_config,
         started: Instant::now(),
         queue_wakes: Mutex::new(Default::default()),
         webhook_addr: Mutex::new(None),
@@ -191,6 +201,7 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     tokio::spawn(report_library_lines(stop_watch.clone()));
     shared.expect_checked.notified().await;
     triggers.catch_up_and_drain().await;
+    chain::start(shared.clone(), ended_rx);
     triggers.reconcile().await;
     let stop_following = CancellationToken::new();
     let follow_task = tokio::spawn(shared.config.clone().follow(stop_following.clone()));

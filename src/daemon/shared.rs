@@ -61,6 +61,11 @@ impl Shared {
     /// A triggered fire; resolves to the run's record, None if nothing ran (stopping,
     /// workflow gone).
     pub async fn fire(&self, workflow: &str, fire: Fire) -> Option<RunRecord> {
+        self.fire_asking(workflow, fire, Ask::Auto).await
+    }
+
+    /// [`Shared::fire`], live or dry as `ask` says (a follower of a dry run asks dry).
+    pub async fn fire_asking(&self, workflow: &str, fire: Fire, ask: Ask) -> Option<RunRecord> {
         let Some(wf) = self.workflow(workflow) else {
             tracing::warn!(
                 workflow,
@@ -68,7 +73,7 @@ impl Shared {
             );
             return None;
         };
-        match self.runner.run(Job::fire(wf, fire, Ask::Auto)).await {
+        match self.runner.run(Job::fire(wf, fire, ask)).await {
             Ok(rec) => {
                 // A digest agent's summary line goes to stdout (journald) as well.
                 if let Some(line) = &rec.summary {

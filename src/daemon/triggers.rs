@@ -191,6 +191,7 @@ impl Triggers {
         let config = self.shared.config();
         self.shared.config_swapped(&config);
         crate::expect::note_loaded(&self.shared.engine, &config, Utc::now());
+        crate::chain::note_followers(&self.shared.engine.store, &config, Utc::now());
         let wanted: HashMap<String, &Workflow> = config
             .workflows
             .values()
@@ -392,7 +393,8 @@ impl Triggers {
                     cancel.clone(),
                 ))
             }
-            Trigger::Webhook(_) | Trigger::Manual => return None,
+            // A follower is fired by its upstream's end (`crate::chain`), not by a task.
+            Trigger::Webhook(_) | Trigger::Manual | Trigger::After(_) => return None,
         };
         Some(Task { cancel, handle })
     }

@@ -100,6 +100,7 @@ pub async fn overview(State(d): State<Arc<Dashboard>>) -> Response {
             id => row.id,
             kind => row.kind,
             trigger => row.trigger,
+            follows => row.follows,
             queue => queue,
             live => row.live,
             mode => row.mode,
@@ -235,6 +236,17 @@ pub async fn run_detail(State(d): State<Arc<Dashboard>>, Path(id): Path<String>)
     });
     let in_review = store.in_review(&id).unwrap_or(false);
     let dead = store.dead_letter_entry(&id).ok().flatten().is_some();
+    // Who fired it (an `after` trigger's upstream runs), and whom it fired.
+    let upstream: Vec<_> = rec.trigger["upstreams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|u| context! { run_id => u["run_id"].as_str(), workflow => u["workflow"].as_str(), state => u["state"].as_str() })
+        .collect();
+    let followers: Vec<_> = crate::chain::followers_of_run(store, &id)
+        .into_iter()
+        .map(|(workflow, run_id)| context! { workflow => workflow, run_id => run_id })
+        .collect();
     render(
         &d,
         "run.html",
@@ -247,6 +259,8 @@ pub async fn run_detail(State(d): State<Arc<Dashboard>>, Path(id): Path<String>)
             key => key,
             in_review => in_review,
             dead => dead,
+            upstream => upstream,
+            followers => followers,
         },
     )
 }

@@ -571,6 +571,9 @@ impl Engine {
         }));
         self.runlog.record(&e, &env.redactor)?;
         self.metrics.run_ended(&rec);
+        if let Some(ended) = &self.ended {
+            ended(&rec);
+        }
         Ok(rec)
     }
 }

@@ -107,7 +107,13 @@ pub struct Engine {
     /// The model gateway that steps of workflows with `[gateway]` call (none: such steps
     /// fail to start, saying so).
     pub gateway: Option<crate::gateway::Gateway>,
+    /// Told of every run's terminal record, once it is durable: the daemon's followers
+    /// (`after` triggers) hear of their upstream's end through it. Must not block.
+    pub ended: Option<RunEnded>,
 }
+
+/// A hook told of each terminal run record.
+pub type RunEnded = std::sync::Arc<dyn Fn(&RunRecord) + Send + Sync>;
 
 impl Engine {
     pub fn live_status(&self, wf: &Workflow) -> Result<LiveStatus> {
@@ -158,6 +164,7 @@ pub fn open(
             metrics: Default::default(),
             alerts: Default::default(),
             gateway: None,
+            ended: None,
         },
         recovery,
     ))

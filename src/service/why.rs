@@ -55,7 +55,58 @@ pub(super) fn why(
         workflow: wf.id.clone(),
         timezone: tz.name().to_string(),
         entries,
+        upstream: upstream_ends(service, &wf)?,
     })
+}
+
+/// Upstream runs listed for a follower, per upstream workflow.
+const UPSTREAM_SHOWN: usize = 10;
+
+/// A follower's upstream runs, newest first, each with the run of it that it fired or why
+/// none: an outcome it does not follow, a fan-in still waiting for the others.
+fn upstream_ends(service: &Service, wf: &Workflow) -> anyhow::Result<Vec<crate::api::UpstreamEnd>> {
+    let Some(after) = wf.trigger.after() else {
+        return Ok(Vec::new());
+    };
+    let store = &service.engine.store;
+    let fired = crate::chain::fired_of(store, &wf.id);
+    let on: Vec<&str> = after.on.iter().map(|o| o.name()).collect();
+    let mut out = Vec::new();
+    for up in &after.upstream {
+        let page = store.run_page(&RunQuery {
+            workflow: Some(up.clone()),
+            limit: UPSTREAM_SHOWN,
+            ..Default::default()
+        })?;
+        for run in page.into_iter().filter(|r| r.ended_at.is_some()) {
+            let by = fired.iter().find(|f| f.upstream.contains(&run.run_id));
+            let why = match by {
+                Some(f) => format!("fired {} run {}", wf.id, f.run_id),
+                None if !after.fired_by(&run.workflow, run.state) => format!(
+                    "not fired: it ended {}, and {} follows it on {}",
+                    run.state.name(),
+                    wf.id,
+                    on.join(", ")
+                ),
+                None if after.all => {
+                    "not fired yet: a fan-in, waiting for a run of each of the others".into()
+                }
+                None => {
+                    "not fired: it ended while no daemon ran, or before this workflow followed it"
+                        .into()
+                }
+            };
+            out.push(crate::api::UpstreamEnd {
+                run_id: run.run_id.clone(),
+                workflow: run.workflow.clone(),
+                state: run.state,
+                ended_at: run.ended_at,
+                fired: by.map(|f| f.run_id.clone()),
+                why,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The runs of `wf` that started at or after `from`, newest first.

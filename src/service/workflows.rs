@@ -37,6 +37,17 @@ fn rows(service: &Service, config: &Config) -> anyhow::Result<Vec<WorkflowRow>> 
             file: wf.file.clone(),
             next_fire: wf.next_fire_json(),
             paused: service.engine.pause_of(&wf.id)?,
+            follows: wf.trigger.after().map(|a| a.describe()),
+            followers: config
+                .workflows
+                .values()
+                .filter(|f| {
+                    f.trigger
+                        .after()
+                        .is_some_and(|a| a.upstream.contains(&wf.id))
+                })
+                .map(|f| f.id.clone())
+                .collect(),
         });
     }
     Ok(rows)
@@ -180,6 +191,8 @@ fn agency_rows(config: &Config) -> Vec<WorkflowRow> {
                 file: a.file.clone(),
                 next_fire: schedule.and_then(|s| s.next_fire_json()),
                 paused: None,
+                follows: None,
+                followers: Vec::new(),
             }
         })
         .collect()
