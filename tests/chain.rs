@@ -14,7 +14,6 @@ use util::{wait_for, Env, Spec};
 
 /// A maker whose output names its run, so a follower can show it was handed on.
 const FETCH: &str = "cat >/dev/null\necho \"{\\\"fetched\\\": \\\"$STEWARD_RUN_ID\\\"}\"\n";
-const FAIL: &str = "cat >/dev/null\nexit 1\n";
 
 /// A follower of `after` (the TOML inline table's body) whose commit keeps its context.
 fn follower(id: &str, after: &str) -> Spec {
