@@ -504,13 +504,12 @@ fn wait_lines(path: &Path, n: usize, limit: Duration) -> Vec<String> {
     }
 }
 
-/// Trigger latencies in ms: file drop, enqueue and cron, each to maker start.
-fn trigger_latency(
-    dir: &Path,
-    events: usize,
-    cron_events: usize,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+/// Trigger latencies in ms, each to maker start: file drop, enqueue, an upstream run's
+/// end (an `after` trigger's follower), cron.
+fn trigger_latency(dir: &Path, events: usize, cron_events: usize) -> [Vec<f64>; 4] {
     let starts = dir.join("starts.log");
+    let chain_starts = dir.join("chain").join("starts.log");
+    std::fs::create_dir_all(chain_starts.parent().unwrap()).unwrap();
     // The maker is this program (`--child-mark`): it notes the time as its first act, so
     // the figure is trigger → maker running, not the maker's own start-up of a shell and
     // the children it forks.
@@ -539,6 +538,9 @@ fn trigger_latency(
         &[
             ("drop".into(), wf(&format!("file = {{ path = \"inbox\", pattern = \"*.txt\", debounce_ms = {debounce_ms} }}"))),
             ("q".into(), wf("queue = \"jobs\"")),
+            // An upstream that ends at once, and its follower, which marks its start.
+            ("up".into(), format!("dry_run = true\n[trigger]\nqueue = \"chain\"\n{BUDGET}[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n")),
+            ("down".into(), format!("dry_run = true\noverlap = \"buffer_all\"\n[trigger]\nafter = {{ workflow = \"up\" }}\n{BUDGET}[run]\n{}\n[verify]\ncommand = [\"/bin/true\"]\n{}", maker(&chain_starts), sandbox(&chain_starts))),
         ],
     );
     let state = dir.join("state");
@@ -583,6 +585,20 @@ fn trigger_latency(
             .unwrap();
         queue_lat.push((started - t0) as f64 / 1e6);
     }
+    // An upstream's end → its follower's maker: the end as the run record has it.
+    let mut chain_lat = Vec::new();
+    for i in 0..events {
+        let ok = steward_cmd(&cfg, &state)
+            .args(["enqueue", "chain", "--payload", &i.to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let lines = wait_lines(&chain_starts, i + 1, Duration::from_secs(10));
+        let mut p = lines.last().unwrap().split_whitespace();
+        let started: f64 = p.next().unwrap().parse().unwrap();
+        let ended = chrono::DateTime::parse_from_rfc3339(p.next().unwrap()).unwrap();
+        chain_lat.push((started - ended.timestamp_nanos_opt().unwrap() as f64) / 1e6);
+    }
     drop(_d);
     // Cron: a 1-second schedule, measured from the scheduled instant.
     let cron_dir = dir.join("cron");
@@ -605,7 +621,7 @@ fn trigger_latency(
             Some((started as f64 - slot.timestamp_nanos_opt()? as f64) / 1e6)
         })
         .collect();
-    (file_lat, queue_lat, cron_lat)
+    [file_lat, queue_lat, chain_lat, cron_lat]
 }
 
 fn proc_status(pid: u32, key: &str) -> f64 {
@@ -979,9 +995,16 @@ fn child_mark(log: &Path) {
     let started = now_ns();
     let mut ctx = String::new();
     let _ = std::io::stdin().read_to_string(&mut ctx);
+    // A schedule's slot, or the end of the upstream run that fired a follower.
     let slot = serde_json::from_str::<Value>(&ctx)
         .ok()
-        .and_then(|c| c["trigger"]["scheduled_for"].as_str().map(String::from))
+        .and_then(|c| {
+            let t = &c["trigger"];
+            t["scheduled_for"]
+                .as_str()
+                .or(t["upstream"]["ended_at"].as_str())
+                .map(String::from)
+        })
         .unwrap_or_default();
     let mut f = std::fs::OpenOptions::new()
         .append(true)
@@ -1102,7 +1125,7 @@ fn main() {
         }
     }
 
-    let (file, queue, cron) = if want("latency") {
+    let [file, queue, chain, cron] = if want("latency") {
         r.mark();
         trigger_latency(&dir("latency"), s.events, s.cron_events)
     } else {
@@ -1111,6 +1134,7 @@ fn main() {
     for (name, v) in [
         ("file drop → maker (ms, minus debounce)", file),
         ("enqueue → maker (ms)", queue),
+        ("upstream end → follower's maker (ms)", chain),
         ("cron slot → maker (ms)", cron),
     ] {
         if v.is_empty() {

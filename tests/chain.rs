@@ -90,6 +90,26 @@ fn a_sequence_and_a_fan_out_each_run_once_with_the_upstream_run() {
     // `why` names the upstream run that fired a follower.
     let why = env.steward(&["why", "summarise"]).stdout;
     assert!(why.contains(&upstream), "{why}");
+    // `list` says who follows whom; the dashboard links the runs both ways.
+    let list = env.steward(&["list"]).stdout;
+    assert!(list.contains("follows fetch (success)"), "{list}");
+    assert!(list.contains("followed by archive, summarise"), "{list}");
+    let board = util::http::board(&env);
+    let cookie = board.sign_in();
+    let page = board.get(&cookie, &format!("/runs/{upstream}")).body;
+    let fired = page.split("id=\"followers\"").nth(1).unwrap_or("");
+    assert!(
+        fired.contains("summarise") && fired.contains("archive"),
+        "the upstream's page links its followers' runs:\n{page}"
+    );
+    let page = board
+        .get(&cookie, &format!("/runs/{}", summarised.as_str().unwrap()))
+        .body;
+    let by = page.split("id=\"upstream\"").nth(1).unwrap_or("");
+    assert!(
+        by.contains(&upstream),
+        "the follower's page links its upstream:\n{page}"
+    );
     d.stop(Duration::from_secs(10));
 }
 

@@ -43,7 +43,7 @@ const EXPECTED: &[(&str, i32, &str)] = &[
     ("export PATH=$PWD/target/release:$PATH", 0, ""),
     ("steward status", 0, "steward daemon pid"),
     ("steward logs -f", 0, ""),
-    ("steward validate", 0, "ok: 5 workflows"),
+    ("steward validate", 0, "ok: 6 workflows"),
     ("steward list", 0, "docs-team"),
     (
         "steward run hello --payload '{\"name\":\"Ada\"}'",
@@ -54,6 +54,7 @@ const EXPECTED: &[(&str, i32, &str)] = &[
     ("steward run runaway", 6, "exhausted"),
     ("steward dead-letter list", 0, "runaway"),
     ("steward logs", 0, "runaway"),
+    ("steward why hello-followup", 0, "fired hello-followup run"),
     (
         "sed -i 's/^dry_run = true/dry_run = false/' config/workflows/hello.toml",
         0,

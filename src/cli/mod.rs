@@ -326,6 +326,11 @@ fn validate(config: &Path, state: &Path) -> Result<i32> {
             for (id, spec) in calendar::schedules(&cfg) {
                 text.push_str(&format!("  {}\n", calendar::next_line(id, spec)));
             }
+            for wf in cfg.workflows.values() {
+                if let Some(after) = wf.trigger.after() {
+                    text.push_str(&format!("  {}: follows {}\n", wf.id, after.describe()));
+                }
+            }
             // What each workflow's maker and checker may touch, one line each.
             for wf in cfg.workflows.values().filter(|w| w.agent.is_none()) {
                 let caps = match wf.limits.describe() {
