@@ -26,6 +26,8 @@ use crate::store::{RunQuery, RunRecord, Store};
 const FIRED: &str = "chain/";
 /// Since when a follower follows (when its `after` was first seen): `chain-since/FOLLOWER`.
 const SINCE: &str = "chain-since/";
+/// Days a fire record is kept: the run records' default retention.
+const KEEP_DAYS: i64 = 30;
 /// How many of an upstream's newest runs a start-up looks at.
 const LOOK_BACK: usize = 200;
 
@@ -247,6 +249,7 @@ fn context(upstream: &[RunRecord]) -> serde_json::Value {
 /// run` by hand, a run that ended as the daemon stopped) — each recorded now, once.
 pub fn missed(engine: &Engine, config: &Config) -> Vec<ChainFire> {
     let store = &engine.store;
+    forget_old(store, Utc::now());
     let mut out = Vec::new();
     for (wf, after) in followers(config) {
         match missed_of(store, wf, after) {
@@ -325,6 +328,19 @@ fn missed_of(
         }
     }
     Ok(out)
+}
+
+/// Fire records are kept as long as the run records they name ([`KEEP_DAYS`]).
+fn forget_old(store: &Store, now: DateTime<Utc>) {
+    let before = now - chrono::Duration::days(KEEP_DAYS);
+    for (key, bytes) in store.owed(FIRED).unwrap_or_default() {
+        let old = serde_json::from_slice::<Fired>(&bytes).map_or(true, |f| f.at < before);
+        if old {
+            if let Err(e) = store.remove_owed(&key) {
+                tracing::warn!("cannot forget an old follower fire record: {e}");
+            }
+        }
+    }
 }
 
 /// The fires recorded of `follower`, newest first: which upstream runs fired which of

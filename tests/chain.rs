@@ -125,6 +125,7 @@ fn a_follower_on_failure_fires_only_after_a_failure() {
         "cleanup",
         "workflow = \"fetch\", on = [\"failure\"]",
     ));
+    env.live_workflow(&follower("report", "workflow = \"fetch\""));
     let mut d = env.daemon(&[]);
     let ok = env.run("fetch", true);
     assert_eq!(ok.state(), "success", "{ok}");
@@ -150,6 +151,18 @@ fn a_follower_on_failure_fires_only_after_a_failure() {
         failed.run_id().as_str()
     );
     assert_eq!(c[0]["trigger"]["upstream"]["state"], "failed");
+    // The follower on success did not fire for the failure, and `why` says so.
+    assert_eq!(
+        commits(&env, "report").len(),
+        1,
+        "only the success fired it"
+    );
+    let why = env.steward(&["why", "report"]).stdout;
+    let line = why
+        .lines()
+        .find(|l| l.contains(&failed.run_id()))
+        .unwrap_or_else(|| panic!("{why}"));
+    assert!(line.contains("not fired: it ended failed"), "{why}");
     d.stop(Duration::from_secs(10));
 }
 
