@@ -81,6 +81,17 @@ fn fill(dir: &Path) -> PathBuf {
     path
 }
 
+/// Writes to `filler` until the filesystem refuses more.
+fn top_up(filler: &Path) {
+    use std::io::Write;
+    let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(filler) else {
+        return;
+    };
+    let block = vec![0u8; 4096];
+    while f.write_all(&block).is_ok() {}
+    let _ = f.sync_all();
+}
+
 /// A state folder on a tmpfs: the daemon with a live queue workflow.
 fn daemon_on_tmpfs(env: &mut Env, size: &str) -> Option<(Tmpfs, util::Daemon)> {
     let fs = Tmpfs::mount(env.path("statefs"), size)?;
@@ -102,8 +113,27 @@ fn full_state_filesystem_refuses_new_work_clearly_and_keeps_what_was_accepted() 
     wait_for("the first item to commit", Duration::from_secs(15), || {
         env.ledger_lines().len() == 1
     });
+    // And to end: its end removes its scratch folder, which would free space after the
+    // fill below and let the next item in.
+    wait_for("the first run to end", Duration::from_secs(15), || {
+        env.runlog().iter().any(|l| l["step"] == "end")
+            && status(&env)["in_flight"]
+                .as_array()
+                .is_some_and(|l| l.is_empty())
+    });
 
     let filler = fill(&fs.0);
+    // Full, and staying full: space the kernel frees late (an exited maker's sandbox lets
+    // go of its scratch folder asynchronously) is filled too, until a page cannot be had.
+    wait_for(
+        "the filesystem to stay full",
+        Duration::from_secs(10),
+        || {
+            top_up(&filler);
+            std::fs::write(fs.0.join("probe"), [0u8; 4096]).is_err()
+        },
+    );
+    let _ = std::fs::remove_file(fs.0.join("probe"));
     let out = env.steward(&["enqueue", "jobs", "--payload", "{\"n\": 2}"]);
     assert_ne!(
         out.code, 0,
