@@ -373,3 +373,110 @@ pub fn followers_of_run(store: &Store, run_id: &str) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::RunState;
+
+    const BODY: &str = "[budget]\nmax_tokens = 10\nmax_tool_calls = 1\nmax_runtime_s = 5\nmax_cost_usd = 0.01\n[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n";
+
+    /// A config of `fetch` (manual) and `merge`, which follows as `after` says; an engine
+    /// on a state folder of its own.
+    fn setup(dir: &std::path::Path, after: &str) -> (Config, Engine) {
+        let wf = dir.join("config/workflows");
+        std::fs::create_dir_all(&wf).unwrap();
+        for (id, trigger) in [
+            ("fetch", "manual = true".to_string()),
+            ("other", "manual = true".to_string()),
+            ("merge", format!("after = {{ {after} }}")),
+        ] {
+            std::fs::write(
+                wf.join(format!("{id}.toml")),
+                format!("id = \"{id}\"\n[trigger]\n{trigger}\n{BODY}"),
+            )
+            .unwrap();
+        }
+        let config = crate::config::load_dir(&dir.join("config")).unwrap();
+        let (engine, _) = crate::governed::open(&dir.join("state")).unwrap();
+        (config, engine)
+    }
+
+    /// A run of `workflow` that ended `state` a moment ago, in the store.
+    fn ended(engine: &Engine, workflow: &str, state: RunState) -> RunRecord {
+        let mut run: RunRecord = serde_json::from_value(json!({
+            "run_id": crate::governed::new_run_id(), "workflow": workflow, "config_hash": "h",
+            "state": state, "reason": "", "dry_run": false, "committed": false, "attempt": 1,
+            "idempotency_key": null, "trigger": {"kind": "manual"},
+            "started_at": Utc::now(), "ended_at": Utc::now(),
+            "figures": {"tokens": 0, "tool_calls": 0, "cost_usd": 0.0, "runtime_ms": 0},
+            "breach": null, "output": {"n": 1}, "verify": null, "commit_output": null,
+            "stderr": {}, "notes": [], "attempts": []
+        }))
+        .unwrap();
+        run.workflow = workflow.to_string();
+        engine.store.put_run(&run).unwrap();
+        run
+    }
+
+    #[test]
+    fn a_fire_recorded_whose_run_never_started_fires_again_with_its_run_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let (config, engine) = setup(dir.path(), "workflow = \"fetch\"");
+        note_followers(
+            &engine.store,
+            &config,
+            Utc::now() - chrono::Duration::hours(1),
+        );
+        let up = ended(&engine, "fetch", RunState::Success);
+        let due = due_after(&config, &engine.store, &up);
+        assert_eq!(due.len(), 1);
+        // Recorded, then the daemon stopped before the follower started.
+        let fire = record(&engine.store, &due[0]).unwrap().unwrap();
+        assert!(
+            record(&engine.store, &due[0]).unwrap().is_none(),
+            "recorded twice"
+        );
+        let again = missed(&engine, &config);
+        assert_eq!(again.len(), 1, "{again:?}");
+        assert_eq!(again[0].fire.run_id, fire.fire.run_id);
+        assert_eq!(
+            again[0].fire.trigger["upstream"]["run_id"],
+            up.run_id.as_str()
+        );
+        assert_eq!(again[0].ask, Ask::Auto);
+        // Once its run exists, nothing is owed.
+        let mut run = ended(&engine, "merge", RunState::Success);
+        run.run_id = fire.fire.run_id.clone();
+        engine.store.put_run(&run).unwrap();
+        assert!(missed(&engine, &config).is_empty());
+    }
+
+    #[test]
+    fn a_fan_in_is_due_once_each_upstream_has_a_run_since_its_last_fire() {
+        let dir = tempfile::tempdir().unwrap();
+        let (config, engine) = setup(dir.path(), "all = [\"fetch\", \"other\"], on = [\"any\"]");
+        note_followers(
+            &engine.store,
+            &config,
+            Utc::now() - chrono::Duration::hours(1),
+        );
+        let a = ended(&engine, "fetch", RunState::Failed);
+        assert!(due_after(&config, &engine.store, &a).is_empty());
+        let b = ended(&engine, "other", RunState::Success);
+        let due = due_after(&config, &engine.store, &b);
+        assert_eq!(due.len(), 1);
+        assert!(record(&engine.store, &due[0]).unwrap().is_some());
+        // A newer run of one of them alone is not enough.
+        let a2 = ended(&engine, "fetch", RunState::Success);
+        assert!(due_after(&config, &engine.store, &a2).is_empty());
+        // An end it does not follow never counts.
+        let skipped = ended(&engine, "other", RunState::Skipped);
+        assert!(due_after(&config, &engine.store, &skipped).is_empty());
+        let b2 = ended(&engine, "other", RunState::Success);
+        let due = due_after(&config, &engine.store, &b2);
+        assert_eq!(due.len(), 1);
+        let ids: Vec<&str> = due[0].upstream.iter().map(|r| r.run_id.as_str()).collect();
+        assert!(ids.contains(&a2.run_id.as_str()) && ids.contains(&b2.run_id.as_str()));
+    }
+}

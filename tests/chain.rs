@@ -213,8 +213,10 @@ fn a_dry_upstream_runs_its_live_follower_dry() {
     let mut d = env.daemon(&[]);
     let out = env.run("fetch", false);
     assert_eq!(out.state(), "success", "{out}");
-    wait_for("the follower's run", Duration::from_secs(20), || {
-        runs(&env, "summarise").len() == 1
+    wait_for("the follower's run to end", Duration::from_secs(20), || {
+        runs(&env, "summarise")
+            .first()
+            .is_some_and(|r| r["state"] == "success")
     });
     let run = &runs(&env, "summarise")[0];
     assert_eq!(run["dry_run"], true, "{run:#}");
@@ -243,8 +245,10 @@ fn forced_dry_run_runs_a_follower_dry() {
         env.steward(&["status", "--json"]).json()["forced_dry_run"] == true
     });
     assert_eq!(env.steward(&["enqueue", "q", "--payload", "{}"]).code, 0);
-    wait_for("the follower's run", Duration::from_secs(20), || {
-        runs(&env, "summarise").len() == 1
+    wait_for("the follower's run to end", Duration::from_secs(20), || {
+        runs(&env, "summarise")
+            .first()
+            .is_some_and(|r| r["state"] == "success")
     });
     let run = &runs(&env, "summarise")[0];
     assert_eq!(run["dry_run"], true, "{run:#}");
