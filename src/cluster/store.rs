@@ -72,7 +72,7 @@ impl MemberStore {
     /// for, up to [`STORE_WAIT`]), and the runs `recovered` as interrupted at this start
     /// written to the cluster.
     pub async fn join(
-        member: &super::Member,
+        member: &super::member::Member,
         local: Store,
         state_dir: &Path,
         recovered: &[String],

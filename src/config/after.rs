@@ -3,7 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{ConfigError, Workflow};
+use super::file::{list_or_none, ConfigError};
+use super::workflow::Workflow;
 
 /// The problems of the `after` triggers of `workflows` (workflows in `broken` failed to
 /// load: their own errors say why, and naming them is no error here).
@@ -28,7 +29,7 @@ pub fn errors(
                     &wf.file,
                     format!(
                         "trigger.after: no workflow named `{up}` (known: {})",
-                        super::list_or_none(&known)
+                        list_or_none(&known)
                     ),
                 ));
             }
