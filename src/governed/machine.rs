@@ -222,7 +222,9 @@ impl Engine {
     async fn drive(&self, mut run: Run<'_>, mut phase: Phase) -> Result<RunRecord> {
         loop {
             phase = match phase {
-                Phase::Ended(end) => return self.finish(run.wf, run.rec, &run.env, end),
+                Phase::Ended(end) => {
+                    return self.finish_durably(run.wf, run.rec, &run.env, end).await
+                }
                 phase => self.transition(&mut run, phase).await?,
             };
         }
@@ -265,7 +267,7 @@ impl Engine {
             }
         }
         self.store.put_run(rec)?;
-        self.store.flush()?;
+        self.durable().await?;
         Ok(Phase::Attempt { n: 1 })
     }
 
@@ -447,7 +449,7 @@ impl Engine {
                 .set_key(&wf.id, key, &run.rec.run_id, KeyPhase::Committing)?;
         }
         self.store.put_run(&run.rec)?;
-        self.store.flush()?;
+        self.durable().await?;
         let vars = step_vars(wf, &run.rec, &run.env, &self.state_dir);
         let out = self
             .step(
@@ -492,13 +494,46 @@ impl Engine {
     }
 
     /// Writes the terminal record: run record, key, queues, runlog; then flushes.
-    fn finish(
+    fn finish(&self, wf: &Workflow, rec: RunRecord, env: &StepEnv, end: End) -> Result<RunRecord> {
+        let (rec, state) = self.write_end(wf, rec, env, end)?;
+        self.store.flush()?;
+        self.tell_end(rec, state, env)
+    }
+
+    /// [`Engine::finish`] on a run's own road: the flush off the runtime's threads.
+    async fn finish_durably(
+        &self,
+        wf: &Workflow,
+        rec: RunRecord,
+        env: &StepEnv,
+        end: End,
+    ) -> Result<RunRecord> {
+        let (rec, state) = self.write_end(wf, rec, env, end)?;
+        self.durable().await?;
+        self.tell_end(rec, state, env)
+    }
+
+    /// Makes what was written durable, off the runtime's threads (a slow disk must not
+    /// stall the triggers and the control socket), in a flush concurrent runs share.
+    async fn durable(&self) -> Result<()> {
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || store.flush()).await {
+            Ok(flushed) => Ok(flushed?),
+            Err(e) => Err(EngineError::RunLog(std::io::Error::other(format!(
+                "the store's flush was lost: {e}"
+            )))),
+        }
+    }
+
+    /// The terminal record and what goes with it (key, dead letter, review, spend),
+    /// written but not yet flushed.
+    fn write_end(
         &self,
         wf: &Workflow,
         mut rec: RunRecord,
         env: &StepEnv,
         end: End,
-    ) -> Result<RunRecord> {
+    ) -> Result<(RunRecord, RunState)> {
         let state = end.state();
         rec.state = state;
         // A run waiting for an approval keeps its scratch folder for the commit to come.
@@ -555,7 +590,11 @@ impl Engine {
                 },
             )?;
         }
-        self.store.flush()?;
+        Ok((rec, state))
+    }
+
+    /// Once the terminal record is durable: the runlog's end line, the metrics, the hook.
+    fn tell_end(&self, rec: RunRecord, state: RunState, env: &StepEnv) -> Result<RunRecord> {
         let mut e = self.entry(&rec, "end", state.name());
         e.detail = rec.reason.clone();
         e.figures = Some(rec.figures.clone());

@@ -4,10 +4,12 @@
 //! engine. The one backend today is sled (`sled_store`), under `STATE/store`.
 //!
 //! Every write that must survive a crash is followed by [`Backend::flush`]: before a
-//! maker starts, before a commit starts, after a commit. [`Store::open`] also recovers
+//! maker starts, before a commit starts, after a commit. Concurrent runs share flushes
+//! ([`group`]). [`Store::open`] also recovers
 //! from a crash: runs left `running` become `interrupted` and their reserved keys become
 //! *in doubt*, which only an operator can settle.
 
+mod group;
 mod model;
 mod sled_store;
 

@@ -44,6 +44,8 @@ pub struct SledStore {
     deliveries: sled::Tree,
     /// What the daemon owes across a restart (alert outbox, rate windows, lapses told).
     owed: sled::Tree,
+    /// Flushes shared by concurrent callers.
+    group: Arc<super::group::GroupFlush>,
 }
 
 /// ` (pid N: cmdline)` for the processes that hold `dir` open, as far as /proc shows.
@@ -141,6 +143,7 @@ impl SledStore {
             pauses: db.open_tree("pauses")?,
             deliveries: db.open_tree("deliveries")?,
             owed: db.open_tree("owed")?,
+            group: Arc::default(),
             db,
         };
         store.build_run_index()?;
@@ -272,8 +275,10 @@ impl SledStore {
 
 impl Backend for SledStore {
     fn flush(&self) -> Result<()> {
-        FLUSHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.db.flush()?;
+        self.group.flush(|| {
+            FLUSHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.db.flush().map(|_| ())
+        })?;
         Ok(())
     }
 
