@@ -437,6 +437,11 @@ fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response
     let (mut engine, recovery) = open_engine_recovered(state)?;
     let settings = crate::config::Settings::load_lenient(config);
     engine.store.set_retention(settings.retention());
+    // A run made here fires its followers at the next daemon's start: they follow from
+    // now, even if no daemon has seen them yet.
+    if let Ok(cfg) = crate::service::load_config(config) {
+        crate::chain::note_followers(&engine.store, &cfg, chrono::Utc::now());
+    }
     block_on(async {
         // In a cluster, this process is a member for as long as the command runs: the
         // keys, approvals and cases it touches are the cluster's.

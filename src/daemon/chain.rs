@@ -13,7 +13,6 @@ use crate::store::RunRecord;
 /// Fires what was missed, then follows `ended` until the engine is gone.
 pub fn start(shared: Arc<Shared>, mut ended: UnboundedReceiver<RunRecord>) {
     let config = shared.config();
-    chain::note_followers(&shared.engine.store, &config, chrono::Utc::now());
     for owed in chain::missed(&shared.engine, &config) {
         run(&shared, owed);
     }

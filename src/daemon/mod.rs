@@ -51,6 +51,12 @@ pub fn run_blocking(opts: Options) -> Result<()> {
 
 /// The daemon; returns when stopped by a signal or by `shutdown`.
 pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
+    // Before anything answers (the socket, a status): a SIGUSR1 sent as soon as the daemon
+    // is up forces dry-run rather than killing it (the default action); what arrives
+    // before the loop below is handled when it starts.
+    let mut signals = signal_hook_tokio::Signals::new([SIGHUP, SIGUSR1, SIGUSR2, SIGTERM, SIGINT])
+        .context("cannot install signal handlers")?;
+    let signals_handle = signals.handle();
     let config = crate::service::load_config(&opts.config_dir)?;
     if let Some((before, after)) = crate::listener::raise_open_files() {
         tracing::info!("open files: soft limit raised from {before} to the hard limit {after}");
@@ -75,6 +81,9 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
             .await?
             .unzip();
     engine.store.set_retention(config.settings.retention());
+    // Followers known from the first moment: an upstream run that ends from now on fires
+    // them, even should this daemon stop before it takes any work.
+    crate::chain::note_followers(&engine.store, &config, chrono::Utc::now());
     match engine.store.prune_runs(chrono::Utc::now()) {
         Ok(0) => {}
         Ok(n) => tracing::info!("pruned {n} run record(s) past the retention"),
@@ -206,9 +215,6 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
     let stop_following = CancellationToken::new();
     let follow_task = tokio::spawn(shared.config.clone().follow(stop_following.clone()));
 
-    let mut signals = signal_hook_tokio::Signals::new([SIGHUP, SIGUSR1, SIGUSR2, SIGTERM, SIGINT])
-        .context("cannot install signal handlers")?;
-    let signals_handle = signals.handle();
     notify_systemd(&[sd_notify::NotifyState::Ready]);
     let watchdog = watchdog_interval();
     tracing::info!(
