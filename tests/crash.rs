@@ -352,6 +352,27 @@ fn sigkilled_cluster_daemons_commit_every_item_once_or_list_it() {
     for d in &mut three.daemons {
         d.stop(Duration::from_secs(15));
     }
+    // The cluster's record of the runs is whole: a daemon's last records, kept from the
+    // bucket by a kill, were written by its next start, and the runs of a killed daemon
+    // that never came back were recorded interrupted; none is left `running`.
+    let cluster_runs = json_list(
+        &three.views[0],
+        &["runs", "-w", "crashq", "-n", "100000", "--json"],
+    );
+    let running: Vec<&Value> = cluster_runs
+        .iter()
+        .filter(|r| r["state"] == "running")
+        .collect();
+    assert!(
+        running.is_empty(),
+        "runs left running in the cluster: {running:#?}"
+    );
+    // A run that committed ended a success, or was killed after its commit: interrupted.
+    let ended: BTreeSet<&str> = cluster_runs
+        .iter()
+        .filter(|r| r["state"] == "success" || r["state"] == "interrupted")
+        .filter_map(|r| r["idempotency_key"].as_str())
+        .collect();
 
     let ledger = three.env.ledger_lines();
     let mut commits: BTreeMap<&str, usize> = BTreeMap::new();
@@ -387,6 +408,20 @@ fn sigkilled_cluster_daemons_commit_every_item_once_or_list_it() {
         started.elapsed().as_secs_f64()
     );
     assert_eq!(items.len(), total);
+    // Every item committed (and not left in doubt) has its run in the cluster's runs.
+    let missing: Vec<&String> = items
+        .iter()
+        .filter(|(key, id)| {
+            commits.contains_key(id.as_str())
+                && !in_doubt.contains(*key)
+                && !ended.contains(key.as_str())
+        })
+        .map(|(_, id)| id)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "committed, but its run is not in the cluster's runs: {missing:?}"
+    );
     assert!(
         duplicates.is_empty(),
         "committed twice: {duplicates:?}\n{}",

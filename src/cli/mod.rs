@@ -474,7 +474,8 @@ fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response
         let response = service.handle(request).await;
         watcher.abort();
         stop_gateway.cancel();
-        if let Some(member) = member {
+        if let Some((member, store)) = member {
+            store.written(std::time::Duration::from_secs(5)).await;
             member.leave().await;
         }
         Ok(response)
@@ -487,7 +488,10 @@ async fn join_here(
     engine: &mut Engine,
     state: &Path,
     recovery: &crate::store::Recovery,
-) -> Result<crate::cluster::Member> {
+) -> Result<(
+    crate::cluster::Member,
+    std::sync::Arc<crate::cluster::store::MemberStore>,
+)> {
     let settings = cluster.checked()?;
     let member = crate::cluster::Member::join(&settings)
         .await
@@ -500,8 +504,8 @@ async fn join_here(
         &recovery.interrupted_runs,
     )
     .await?;
-    engine.store = crate::store::Store::from_backend(store);
-    Ok(member)
+    engine.store = crate::store::Store::from_backend(store.clone());
+    Ok((member, store))
 }
 
 /// Runs at once in the CLI's own process (no daemon), as the daemon's default.

@@ -42,27 +42,45 @@ const GATHER: Duration = Duration::from_millis(20);
 /// back (the newest of each run only, should several be waiting).
 #[derive(Clone)]
 pub struct Mirror {
-    tx: tokio::sync::mpsc::UnboundedSender<RunRecord>,
+    tx: tokio::sync::mpsc::UnboundedSender<ToWrite>,
+}
+
+/// What the writer is handed: a record, or a wish to hear once all before it are written.
+enum ToWrite {
+    Run(RunRecord),
+    Written(tokio::sync::oneshot::Sender<()>),
 }
 
 impl Mirror {
     /// Starts the writer on `bridge`'s runtime.
     pub fn start(cluster: Cluster, bridge: &super::bridge::Bridge) -> Mirror {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<RunRecord>();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<ToWrite>();
         bridge.spawn(async move {
             while let Some(first) = rx.recv().await {
                 // A moment for a short run's later records to come: the newest of each run
                 // is written, not every step of it (the others' views lag by as much).
-                tokio::time::sleep(GATHER).await;
-                let mut batch = vec![first];
-                while let Ok(more) = rx.try_recv() {
-                    match batch.iter_mut().find(|r| r.run_id == more.run_id) {
-                        Some(older) => *older = more,
-                        None => batch.push(more),
+                if matches!(first, ToWrite::Run(_)) {
+                    tokio::time::sleep(GATHER).await;
+                }
+                let mut batch: Vec<RunRecord> = Vec::new();
+                let mut waiting = Vec::new();
+                let mut next = Some(first);
+                while let Some(item) = next.take().or_else(|| rx.try_recv().ok()) {
+                    match item {
+                        ToWrite::Run(run) => {
+                            match batch.iter_mut().find(|r| r.run_id == run.run_id) {
+                                Some(older) => *older = run,
+                                None => batch.push(run),
+                            }
+                        }
+                        ToWrite::Written(tell) => waiting.push(tell),
                     }
                 }
                 for run in batch {
                     write_until_done(&cluster, &run).await;
+                }
+                for tell in waiting {
+                    let _ = tell.send(());
                 }
             }
         });
@@ -70,7 +88,15 @@ impl Mirror {
     }
 
     pub fn send(&self, run: RunRecord) {
-        let _ = self.tx.send(run);
+        let _ = self.tx.send(ToWrite::Run(run));
+    }
+
+    /// Returns once every record sent before is written (at a daemon's stop).
+    pub async fn written(&self) {
+        let (tell, heard) = tokio::sync::oneshot::channel();
+        if self.tx.send(ToWrite::Written(tell)).is_ok() {
+            let _ = heard.await;
+        }
     }
 }
 

@@ -40,6 +40,9 @@ pub const STORE_WAIT: Duration = Duration::from_secs(30);
 /// logged as failed.
 pub const OWED_WAIT: Duration = Duration::from_secs(2);
 
+/// This state folder's newest runs compared with the cluster's at a start.
+const REPUBLISH: usize = 500;
+
 /// The view of the cluster's runs, under the state folder.
 pub const VIEW: &str = "cluster-view";
 
@@ -129,11 +132,7 @@ impl MemberStore {
             leases: Mutex::new(HashMap::new()),
             in_flight: std::sync::RwLock::new(None),
         });
-        for id in recovered {
-            if let Some(run) = store.local.run(id)? {
-                store.put_run(&run)?;
-            }
-        }
+        store.republish(recovered)?;
         Ok(store)
     }
 
@@ -142,6 +141,40 @@ impl MemberStore {
     /// is its own leftover, settled when the key is wanted again.
     pub fn set_in_flight(&self, in_flight: InFlight) {
         *self.in_flight.write().unwrap_or_else(|p| p.into_inner()) = Some(in_flight);
+    }
+
+    /// Writes to the cluster what this state folder knows better than the runs bucket: the
+    /// runs `recovered` as interrupted at this start, and the newest runs whose last
+    /// record a crash kept from the bucket (the writer sends after a moment) — or which
+    /// another daemon, seeing this folder's last daemon gone, recorded interrupted.
+    fn republish(&self, recovered: &[String]) -> Result<()> {
+        let mut runs: Vec<RunRecord> = Vec::new();
+        for id in recovered {
+            runs.extend(self.local.run(id)?);
+        }
+        runs.extend(self.local.run_page(&RunQuery {
+            limit: REPUBLISH,
+            ..Default::default()
+        })?);
+        for run in runs {
+            let known = self.view.run(&run.run_id)?;
+            if known.is_some_and(|k| k.state == run.state && k.ended_at == run.ended_at) {
+                continue;
+            }
+            self.view.put_run(&run)?;
+            self.mirror.send(run);
+        }
+        Ok(())
+    }
+
+    /// Returns once this daemon's run records are in the cluster's bucket, or after
+    /// `limit` (the server away: the next start on this state folder writes them).
+    pub async fn written(&self, limit: Duration) {
+        let mirror = self.mirror.clone();
+        let done = self.bridge.run(async move { mirror.written().await });
+        if tokio::time::timeout(limit, done).await.is_err() {
+            tracing::warn!("cluster: the last run records are not in the cluster yet; the next start here writes them");
+        }
     }
 
     /// Records as interrupted the runs the view shows running on daemons no longer

@@ -311,6 +311,9 @@ pub async fn run(opts: Options, shutdown: CancellationToken) -> Result<()> {
         .store
         .flush()
         .context("final flush of the store")?;
+    if let Some(store) = &member_store {
+        store.written(std::time::Duration::from_secs(5)).await;
+    }
     if let Some(member) = &member {
         member.leave().await;
     }
