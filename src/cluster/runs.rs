@@ -47,7 +47,7 @@ pub struct Mirror {
 
 /// What the writer is handed: a record, or a wish to hear once all before it are written.
 enum ToWrite {
-    Run(RunRecord),
+    Run(Box<RunRecord>),
     Written(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -69,8 +69,8 @@ impl Mirror {
                     match item {
                         ToWrite::Run(run) => {
                             match batch.iter_mut().find(|r| r.run_id == run.run_id) {
-                                Some(older) => *older = run,
-                                None => batch.push(run),
+                                Some(older) => *older = *run,
+                                None => batch.push(*run),
                             }
                         }
                         ToWrite::Written(tell) => waiting.push(tell),
@@ -88,7 +88,7 @@ impl Mirror {
     }
 
     pub fn send(&self, run: RunRecord) {
-        let _ = self.tx.send(ToWrite::Run(run));
+        let _ = self.tx.send(ToWrite::Run(Box::new(run)));
     }
 
     /// Returns once every record sent before is written (at a daemon's stop).
