@@ -27,11 +27,6 @@ impl Cluster {
             .await
             .map(|_| ())
     }
-
-    /// The newest record of run `id` in the bucket.
-    pub async fn shared_run(&self, id: &str) -> Result<Option<RunRecord>, ClusterError> {
-        self.records.runs.get_json(id).await
-    }
 }
 
 /// How long the writer gathers records before writing the newest of each run.
