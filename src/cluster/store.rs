@@ -103,24 +103,12 @@ impl MemberStore {
                 "cluster: the view of the cluster's runs is still being read; going on"
             ),
         }
-        let pauses = {
-            let cluster = cluster.clone();
-            bridge
-                .run(async move { super::records::Cached::follow(&cluster.records.pauses).await })
-                .await
-                .context("cannot read the cluster's pauses")?
-                .context("cannot read the cluster's pauses")?
-        };
-        let approvals = {
-            let cluster = cluster.clone();
-            bridge
-                .run(async move {
-                    super::records::Cached::follow(&cluster.approval_records()).await
-                })
-                .await
-                .context("cannot read the cluster's approvals")?
-                .context("cannot read the cluster's approvals")?
-        };
+        let pauses = follow(&bridge, cluster.records.pauses.clone())
+            .await
+            .context("cannot read the cluster's pauses")?;
+        let approvals = follow(&bridge, cluster.approval_records())
+            .await
+            .context("cannot read the cluster's approvals")?;
         let store = Arc::new(MemberStore {
             local,
             view,
@@ -372,6 +360,22 @@ impl MemberStore {
             }
             _ => Ok(false),
         }
+    }
+}
+
+/// `records` followed in memory ([`super::records::Cached`]), once read whole; an error
+/// when that takes longer than [`STORE_WAIT`] (a daemon must not start blind to them).
+async fn follow(
+    bridge: &Bridge,
+    records: super::records::Records,
+) -> std::result::Result<super::records::Cached, super::ClusterError> {
+    let read = bridge.run(async move { super::records::Cached::follow(&records).await });
+    match tokio::time::timeout(STORE_WAIT, read).await {
+        Ok(done) => done?,
+        Err(_) => Err(super::ClusterError::Store(format!(
+            "not read within {}",
+            humantime::format_duration(STORE_WAIT)
+        ))),
     }
 }
 
