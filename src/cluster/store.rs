@@ -379,6 +379,20 @@ async fn follow(
     }
 }
 
+/// The `what` (an approval, a pause) of `workflow` that `records` keeps in memory.
+fn cached<T: serde::de::DeserializeOwned>(
+    records: &super::records::Cached,
+    what: &str,
+    workflow: &str,
+) -> Result<Option<T>> {
+    let Some(bytes) = records.get(workflow) else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| StoreError::Shared(format!("the cluster's {what} of `{workflow}`: {e}")))
+}
+
 fn shared(e: super::ClusterError) -> StoreError {
     StoreError::Shared(e.to_string())
 }
@@ -748,12 +762,7 @@ impl Backend for MemberStore {
     }
 
     fn approval(&self, workflow: &str) -> Result<Option<Approval>> {
-        let Some(bytes) = self.approvals.get(workflow) else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| StoreError::Shared(format!("the cluster's approval of `{workflow}`: {e}")))
+        cached(&self.approvals, "approval", workflow)
     }
 
     fn approve_go_live(&self, approval: &Approval) -> Result<()> {
@@ -791,11 +800,6 @@ impl Backend for MemberStore {
     }
 
     fn paused(&self, workflow: &str) -> Result<Option<Pause>> {
-        let Some(bytes) = self.pauses.get(workflow) else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| StoreError::Shared(format!("the cluster's pause of `{workflow}`: {e}")))
+        cached(&self.pauses, "pause", workflow)
     }
 }
