@@ -1072,7 +1072,12 @@ fn main() {
 
     // 4 and 8 at once on 2 cores measure contention (the runner, the store's lock and
     // flushes shared between runs), not speed.
-    for parallel in [1, 2, 4, 8].into_iter().filter(|_| want("throughput")) {
+    // `--parallel N` measures throughput at that one width.
+    let widths: Vec<usize> = match args.iter().position(|a| a == "--parallel") {
+        Some(i) => vec![args[i + 1].parse().expect("--parallel N")],
+        None => vec![1, 2, 4, 8],
+    };
+    for parallel in widths.into_iter().filter(|_| want("throughput")) {
         r.mark();
         let (st, bare, bash, flushes) =
             throughput(&dir(&format!("tp{parallel}")), s.runs, parallel);
