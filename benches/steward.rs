@@ -467,8 +467,17 @@ fn steward_cmd(cfg: &Path, state: &Path) -> Command {
 
 /// Starts a daemon; returns it and the seconds until it answered `status`.
 fn start_daemon(cfg: &Path, state: &Path) -> (Daemon, f64) {
+    start_daemon_env(cfg, state, &[])
+}
+
+/// [`start_daemon`] with variables set in the daemon's environment.
+fn start_daemon_env(cfg: &Path, state: &Path, vars: &[(&str, &str)]) -> (Daemon, f64) {
     let t = Instant::now();
-    let child = steward_cmd(cfg, state).arg("daemon").spawn().unwrap();
+    let child = steward_cmd(cfg, state)
+        .envs(vars.iter().copied())
+        .arg("daemon")
+        .spawn()
+        .unwrap();
     let d = Daemon { child };
     let sock = state.join("steward.sock");
     loop {
@@ -504,9 +513,83 @@ fn wait_lines(path: &Path, n: usize, limit: Duration) -> Vec<String> {
     }
 }
 
+/// The slow-disk stand-in: every store flush of the daemon takes this much longer.
+const SLOW_FLUSH_MS: &str = "20";
+
+/// A live workflow on queue `busy` (maker, checker and commit `/bin/true`: two flushes a
+/// run the run waits for), which keeps the store flushing while latencies are taken.
+fn busy_workflow() -> (String, String) {
+    let steps = "[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n[commit]\ncommand = [\"/bin/true\"]\n";
+    (
+        "busy".into(),
+        format!("dry_run = false\n[trigger]\nqueue = \"busy\"\n{BUDGET}{steps}"),
+    )
+}
+
+/// Keeps a few items waiting on queue `busy` until dropped; says how many it wrote.
+struct Feeder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl Feeder {
+    /// Approves `busy` (no daemon runs yet), then feeds its queue.
+    fn start(cfg: &Path, state: &Path) -> Feeder {
+        let live = steward_cmd(cfg, state)
+            .args(["go-live", "busy"])
+            .status()
+            .unwrap();
+        assert!(live.success(), "go-live busy");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, state) = (stop.clone(), state.to_path_buf());
+        let thread = std::thread::spawn(move || {
+            let spool = steward::trigger::queue::spool_dir(&state, "busy");
+            let mut written = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let waiting = std::fs::read_dir(&spool)
+                    .map(|d| {
+                        d.flatten()
+                            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+                            .count()
+                    })
+                    .unwrap_or(0);
+                if waiting < 4 {
+                    steward::trigger::queue::write_item(&state, "busy", &json!(written)).unwrap();
+                    written += 1;
+                } else {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            written
+        });
+        Feeder {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops feeding; the items written.
+    fn stop(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap())
+    }
+}
+
 /// Trigger latencies in ms, each to maker start: file drop, enqueue, an upstream run's
-/// end (an `after` trigger's follower), cron.
-fn trigger_latency(dir: &Path, events: usize, cron_events: usize) -> [Vec<f64>; 4] {
+/// end (an `after` trigger's follower), cron. `slow`: every flush of the daemon's store
+/// takes [`SLOW_FLUSH_MS`] longer, and a live workflow keeps it flushing meanwhile.
+fn trigger_latency(dir: &Path, events: usize, cron_events: usize, slow: bool) -> [Vec<f64>; 4] {
+    let vars: &[(&str, &str)] = if slow {
+        &[("STEWARD_FLUSH_DELAY_MS", SLOW_FLUSH_MS)]
+    } else {
+        &[]
+    };
+    let busy = |mut wfs: Vec<(String, String)>| {
+        if slow {
+            wfs.push(busy_workflow());
+        }
+        wfs
+    };
     let starts = dir.join("starts.log");
     let chain_starts = dir.join("chain").join("starts.log");
     std::fs::create_dir_all(chain_starts.parent().unwrap()).unwrap();
@@ -535,16 +618,17 @@ fn trigger_latency(dir: &Path, events: usize, cron_events: usize) -> [Vec<f64>; 
     let debounce_ms = 50.0;
     let cfg = config(
         dir,
-        &[
+        &busy(vec![
             ("drop".into(), wf(&format!("file = {{ path = \"inbox\", pattern = \"*.txt\", debounce_ms = {debounce_ms} }}"))),
             ("q".into(), wf("queue = \"jobs\"")),
             // An upstream that ends at once, and its follower, which marks its start.
             ("up".into(), format!("dry_run = true\n[trigger]\nqueue = \"chain\"\n{BUDGET}[run]\ncommand = [\"/bin/true\"]\n[verify]\ncommand = [\"/bin/true\"]\n")),
             ("down".into(), format!("dry_run = true\noverlap = \"buffer_all\"\n[trigger]\nafter = {{ workflow = \"up\" }}\n{BUDGET}[run]\n{}\n[verify]\ncommand = [\"/bin/true\"]\n{}", maker(&chain_starts), sandbox(&chain_starts))),
-        ],
+        ]),
     );
     let state = dir.join("state");
-    let (_d, _) = start_daemon(&cfg, &state);
+    let feeder = slow.then(|| Feeder::start(&cfg, &state));
+    let (_d, _) = start_daemon_env(&cfg, &state, vars);
     let mut file_lat = Vec::new();
     for i in 0..events {
         let tmp = dir.join(format!("tmp-{i}"));
@@ -563,7 +647,21 @@ fn trigger_latency(dir: &Path, events: usize, cron_events: usize) -> [Vec<f64>; 
         file_lat.push((started - t0) as f64 / 1e6 - debounce_ms);
     }
     let mut queue_lat = Vec::new();
+    let jobs = steward::trigger::queue::spool_dir(&state, "jobs");
     for i in 0..events {
+        // A queue runs its items one at a time: the figure is the trigger's road, so each
+        // item goes in once the one before has ended (its item file is removed then).
+        let t = Instant::now();
+        while std::fs::read_dir(&jobs).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x == "json"))
+        }) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "a queue item never ended"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let t0 = now_ns();
         let ok = steward_cmd(&cfg, &state)
             .args(["enqueue", "jobs", "--payload", &i.to_string()])
@@ -599,13 +697,18 @@ fn trigger_latency(dir: &Path, events: usize, cron_events: usize) -> [Vec<f64>; 
         let ended = chrono::DateTime::parse_from_rfc3339(p.next().unwrap()).unwrap();
         chain_lat.push((started - ended.timestamp_nanos_opt().unwrap() as f64) / 1e6);
     }
+    if let Some(f) = feeder {
+        assert!(f.stop() > 0, "the busy workflow was never fed");
+    }
     drop(_d);
     // Cron: a 1-second schedule, measured from the scheduled instant.
     let cron_dir = dir.join("cron");
     std::fs::create_dir_all(&cron_dir).unwrap();
     let starts_cron = cron_dir.join("starts.log");
-    let cfg2 = config(&cron_dir, &[("tick".into(), format!("dry_run = true\n[trigger]\nschedule = {{ cron = \"* * * * * *\" }}\n{BUDGET}[run]\n{}\n[verify]\ncommand = [\"/bin/true\"]\n{}", maker(&starts_cron), sandbox(&starts_cron)))]);
-    let (_d2, _) = start_daemon(&cfg2, &cron_dir.join("state"));
+    let cfg2 = config(&cron_dir, &busy(vec![("tick".into(), format!("dry_run = true\n[trigger]\nschedule = {{ cron = \"* * * * * *\" }}\n{BUDGET}[run]\n{}\n[verify]\ncommand = [\"/bin/true\"]\n{}", maker(&starts_cron), sandbox(&starts_cron)))]));
+    let state2 = cron_dir.join("state");
+    let feeder = slow.then(|| Feeder::start(&cfg2, &state2));
+    let (_d2, _) = start_daemon_env(&cfg2, &state2, vars);
     let lines = wait_lines(
         &starts_cron,
         cron_events,
@@ -621,6 +724,9 @@ fn trigger_latency(dir: &Path, events: usize, cron_events: usize) -> [Vec<f64>; 
             Some((started as f64 - slot.timestamp_nanos_opt()? as f64) / 1e6)
         })
         .collect();
+    if let Some(f) = feeder {
+        assert!(f.stop() > 0, "the busy workflow was never fed");
+    }
     [file_lat, queue_lat, chain_lat, cron_lat]
 }
 
@@ -1141,30 +1247,43 @@ fn main() {
         }
     }
 
-    let [file, queue, chain, cron] = if want("latency") {
-        r.mark();
-        trigger_latency(&dir("latency"), s.events, s.cron_events)
-    } else {
-        Default::default()
-    };
-    for (name, v) in [
-        ("file drop → maker (ms, minus debounce)", file),
-        ("enqueue → maker (ms)", queue),
-        ("upstream end → follower's maker (ms)", chain),
-        ("cron slot → maker (ms)", cron),
-    ] {
-        if v.is_empty() {
-            continue; // not measured in this run (`--only`)
+    // Then the same on a slow disk (each flush 20 ms longer) with a live workflow's runs
+    // flushing meanwhile: a trigger's road waits for no flush.
+    for slow in [false, true] {
+        let [file, queue, chain, cron] = if want("latency") {
+            r.mark();
+            let name = if slow { "latency-slow-disk" } else { "latency" };
+            trigger_latency(&dir(name), s.events, s.cron_events, slow)
+        } else {
+            Default::default()
+        };
+        let disk = if slow {
+            format!(", {SLOW_FLUSH_MS} ms flushes")
+        } else {
+            String::new()
+        };
+        for (name, v) in [
+            (
+                format!("file drop → maker (ms, minus debounce{disk})"),
+                file,
+            ),
+            (format!("enqueue → maker (ms{disk})"), queue),
+            (format!("upstream end → follower's maker (ms{disk})"), chain),
+            (format!("cron slot → maker (ms{disk})"), cron),
+        ] {
+            if v.is_empty() {
+                continue; // not measured in this run (`--only`)
+            }
+            let n = v.len();
+            let (p50, p99, max) = dist(v);
+            r.row(
+                &name,
+                format!("p50 {p50:.1} p99 {p99:.1}"),
+                format!("max {max:.1}"),
+                format!("n={n}"),
+                json!({ "p50": p50, "p99": p99, "max": max, "n": n }),
+            );
         }
-        let n = v.len();
-        let (p50, p99, max) = dist(v);
-        r.row(
-            name,
-            format!("p50 {p50:.1} p99 {p99:.1}"),
-            format!("max {max:.1}"),
-            format!("n={n}"),
-            json!({ "p50": p50, "p99": p99, "max": max, "n": n }),
-        );
     }
 
     if want("breach") {

@@ -290,15 +290,15 @@ impl Triggers {
                         return None;
                     }
                 };
+                // Written, not waited for: the slot's run starts at once, and the record
+                // is on disk with the next flush (its run's commit flushes first).
                 let persist: Arc<dyn Fn(DateTime<Utc>) -> bool + Send + Sync> = {
                     let id = id.clone();
-                    Arc::new(move |slot| {
-                        match store.set_last_slot(&id, slot).and_then(|_| store.flush()) {
-                            Ok(()) => true,
-                            Err(e) => {
-                                tracing::error!(workflow = %id, "cannot record the slot {slot} as fired: {e}; not firing it");
-                                false
-                            }
+                    Arc::new(move |slot| match store.set_last_slot(&id, slot) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            tracing::error!(workflow = %id, "cannot record the slot {slot} as fired: {e}; not firing it");
+                            false
                         }
                     })
                 };
@@ -412,10 +412,8 @@ impl Triggers {
         let slot_key = format!("agency:{agency}");
         let last = store.last_slot(&slot_key).ok().flatten();
         let persist: Arc<dyn Fn(DateTime<Utc>) -> bool + Send + Sync> = Arc::new(move |slot| {
-            store
-                .set_last_slot(&slot_key, slot)
-                .and_then(|_| store.flush())
-                .is_ok()
+            // As a workflow's slot: on disk with the next flush, not waited for.
+            store.set_last_slot(&slot_key, slot).is_ok()
         });
         let running = Arc::new(tokio::sync::Mutex::new(()));
         let id = agency.to_string();

@@ -245,8 +245,15 @@ impl Engine {
     }
 
     /// Renders the idempotency key; a live run reserves it, durably, before any step.
+    ///
+    /// A run that reserves nothing (a dry run, a workflow without a key) does not wait for
+    /// its `running` record to reach the disk: the maker starts at once, and the record is
+    /// on disk with the next flush — at the latest the one before its commit, or sled's
+    /// own within [`crate::store::BACKGROUND_FLUSH_MS`]. A crash before then loses a run
+    /// that had done nothing irrevocable, as a crash just before its fire would have.
     async fn take_key(&self, run: &mut Run<'_>) -> Result<Phase> {
         let (wf, rec) = (run.wf, &mut run.rec);
+        let mut reserved = false;
         if let Some(source) = &wf.idempotency_key {
             let what = format!("the idempotency_key of workflow `{}`", wf.id);
             let key = match template::render_bounded(&what, source, &run.ctx).await {
@@ -259,7 +266,10 @@ impl Engine {
             rec.idempotency_key = Some(key.clone());
             let existing = match self.store.key(&wf.id, &key)? {
                 Some(k) => Some(k),
-                None if run.live => self.store.reserve_key(&wf.id, &key, &rec.run_id)?.err(),
+                None if run.live => {
+                    reserved = true;
+                    self.store.reserve_key(&wf.id, &key, &rec.run_id)?.err()
+                }
                 None => None,
             };
             if let Some(existing) = existing {
@@ -267,7 +277,9 @@ impl Engine {
             }
         }
         self.store.put_run(rec)?;
-        self.durable().await?;
+        if reserved {
+            self.durable().await?;
+        }
         Ok(Phase::Attempt { n: 1 })
     }
 

@@ -2,6 +2,11 @@
 //! another is under way waits for it, and then — its write came after that flush began —
 //! for the next one, which one of the waiters makes for all who asked meanwhile. An idle
 //! store flushes at once: no added latency, and no thread of its own.
+//!
+//! A flush blocks its caller for as long as the disk takes. Called on one of the async
+//! runtime's workers (an operator's command, a trigger's record), it first hands that
+//! worker's other tasks to another thread ([`off_runtime`]), so a slow disk does not stall
+//! the triggers and the control socket; a run's own durable points go to the blocking pool.
 
 use std::sync::{Condvar, Mutex};
 
@@ -55,6 +60,20 @@ impl GroupFlush {
             }
             s = self.done.wait(s).unwrap_or_else(|p| p.into_inner());
         }
+    }
+}
+
+/// Runs `f`, which blocks, where it cannot hold up other tasks: on a worker of a
+/// multi-threaded runtime through `block_in_place`; elsewhere (a blocking-pool thread, a
+/// plain thread, a single-threaded runtime such as a CLI command's) as it is.
+pub fn off_runtime<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let on_workers =
+        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    if on_workers {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
     }
 }
 

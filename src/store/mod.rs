@@ -4,8 +4,10 @@
 //! engine. The one backend today is sled (`sled_store`), under `STATE/store`.
 //!
 //! Every write that must survive a crash is followed by [`Backend::flush`]: before a
-//! maker starts, before a commit starts, after a commit. Concurrent runs share flushes
-//! ([`group`]). [`Store::open`] also recovers
+//! maker starts when a key is reserved, before a commit starts, after a run ends.
+//! Concurrent runs share flushes ([`group`]); what no one waits for (a schedule's last
+//! slot, the record of a run that reserved nothing) is on disk with the next flush or
+//! within [`BACKGROUND_FLUSH_MS`]. [`Store::open`] also recovers
 //! from a crash: runs left `running` become `interrupted` and their reserved keys become
 //! *in doubt*, which only an operator can settle.
 
@@ -17,6 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use model::*;
+pub use sled_store::BACKGROUND_FLUSH_MS;
 
 /// A handle on the state folder's store; clones share it.
 #[derive(Clone)]

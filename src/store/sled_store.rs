@@ -8,8 +8,12 @@
 //! `deliveries` (the webhook deliveries accepted, until a replay could no longer verify),
 //! `owed` (what the daemon owes across a restart: pending alerts, rate windows, lapses told).
 //!
-//! sled admits one process per folder and flushes on its own only every 500 ms, so the
-//! store is opened once and shared, and flushed at every point that must survive a crash.
+//! sled admits one process per folder and flushes on its own every [`BACKGROUND_FLUSH_MS`],
+//! so the store is opened once and shared, and flushed at every point that must survive a
+//! crash. A flush never holds a runtime worker (see [`super::group`]).
+//!
+//! `STEWARD_FLUSH_DELAY_MS` makes every flush take that much longer: the benchmarks'
+//! stand-in for a slow disk.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +23,18 @@ use chrono::{DateTime, Utc};
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::model::*;
+
+/// sled's own flusher: what is written and not flushed by a caller is on disk this soon.
+pub const BACKGROUND_FLUSH_MS: u64 = 500;
+
+/// The slow-disk stand-in's delay, read once.
+fn flush_delay() -> Option<std::time::Duration> {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let ms: u64 = std::env::var("STEWARD_FLUSH_DELAY_MS").ok()?.parse().ok()?;
+        Some(std::time::Duration::from_millis(ms))
+    })
+}
 
 pub struct SledStore {
     /// steward's own lock on the state folder, held as long as any handle lives.
@@ -121,6 +137,7 @@ impl SledStore {
         let db = sled::Config::new()
             .path(&path)
             .cache_capacity(64 << 20)
+            .flush_every_ms(Some(BACKGROUND_FLUSH_MS))
             .open()
             .map_err(|e| StoreError::Open {
                 path: path.clone(),
@@ -275,9 +292,14 @@ impl SledStore {
 
 impl Backend for SledStore {
     fn flush(&self) -> Result<()> {
-        self.group.flush(|| {
-            FLUSHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.db.flush().map(|_| ())
+        super::group::off_runtime(|| {
+            self.group.flush(|| {
+                FLUSHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some(delay) = flush_delay() {
+                    std::thread::sleep(delay);
+                }
+                self.db.flush().map(|_| ())
+            })
         })?;
         Ok(())
     }

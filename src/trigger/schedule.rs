@@ -241,7 +241,9 @@ pub fn parse_zone(name: &str) -> Result<Tz, String> {
 pub type OnFire = Arc<dyn Fn(DateTime<Utc>) + Send + Sync>;
 
 /// Fires `on_fire` at every slot after `last` until `cancel`. `persist` records a slot as
-/// fired before it is handed on (so a crash right after cannot fire it again).
+/// fired before it is handed on. The record is not flushed on its own: a crash before the
+/// next flush may fire the slot again at start-up, but its run had reached no commit (a
+/// commit's flush carries the slot's record with it).
 pub async fn run(
     scheduler: JobScheduler,
     schedule: Schedule,
@@ -274,14 +276,19 @@ pub async fn run(
             .unwrap_or(Duration::ZERO)
             .saturating_sub(EARLY);
         let tx = tx.clone();
-        let job = Job::new_one_shot_async(wait, move |_, _| {
-            let tx = tx.clone();
-            Box::pin(async move {
-                let _ = tx.send(()).await;
+        // A slot less than a second away is waited for here alone: the scheduler would
+        // wake us at its next tick, up to half a second after the slot.
+        let job = (!wait.is_zero()).then(|| {
+            Job::new_one_shot_async(wait, move |_, _| {
+                let tx = tx.clone();
+                Box::pin(async move {
+                    let _ = tx.send(()).await;
+                })
             })
         });
         let id = match job {
-            Ok(job) => match scheduler.add(job).await {
+            None => None,
+            Some(Ok(job)) => match scheduler.add(job).await {
                 Ok(id) => Some(id),
                 Err(e) => {
                     tracing::error!(
@@ -290,7 +297,7 @@ pub async fn run(
                     None
                 }
             },
-            Err(e) => {
+            Some(Err(e)) => {
                 tracing::error!("cannot build the next fire: {e}; using a timer");
                 None
             }
