@@ -90,6 +90,36 @@ fn phase(daemon: i32) -> &'static str {
     phase
 }
 
+/// Each store flush of the harness's daemons takes this much longer (half before the
+/// disk has the writes, half after, its waiters not yet told), so kills land inside
+/// flushes that runs wait for, batched or not.
+const SLOW_FLUSH: (&str, &str) = ("STEWARD_FLUSH_DELAY_MS", "20");
+
+/// Whether one of the daemon's threads is inside a store flush: in fsync, fdatasync or
+/// sync_file_range, or asleep in the slow-disk delay (the daemon sleeps nowhere else
+/// with nanosleep while it runs).
+fn in_flush(daemon: i32) -> bool {
+    let inside = [
+        libc::SYS_fsync,
+        libc::SYS_fdatasync,
+        libc::SYS_sync_file_range,
+        libc::SYS_nanosleep,
+        libc::SYS_clock_nanosleep,
+    ];
+    std::fs::read_dir(format!("/proc/{daemon}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|task| {
+            let call = std::fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
+            let nr = call
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse::<libc::c_long>().ok());
+            nr.is_some_and(|nr| inside.contains(&nr))
+        })
+}
+
 fn json_list(env: &Env, args: &[&str]) -> Vec<Value> {
     let out = env.steward(args);
     assert_eq!(out.code, 0, "{out}");
@@ -155,10 +185,11 @@ fn sigkilled_daemon_commits_every_item_once_or_lists_it() {
     };
 
     let mut phases: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut in_flushes = 0;
     let mut dropped = 0;
     let started = Instant::now();
     for _ in 0..kills {
-        let d = env.daemon(&[]);
+        let d = env.daemon_env(&[], &[SLOW_FLUSH]);
         // Files arrive while the daemon runs, a few per life.
         for _ in 0..(per_kind / kills + 1) {
             if dropped < per_kind {
@@ -169,6 +200,7 @@ fn sigkilled_daemon_commits_every_item_once_or_lists_it() {
         std::thread::sleep(Duration::from_millis(20 + rng.below(400)));
         let pid = d.pid();
         *phases.entry(phase(pid)).or_default() += 1;
+        in_flushes += usize::from(in_flush(pid));
         d.signal(Signal::SIGKILL);
         wait_for(
             "the killed daemon to be gone",
@@ -226,7 +258,7 @@ fn sigkilled_daemon_commits_every_item_once_or_lists_it() {
         .map(|(_, id)| id)
         .collect();
     println!(
-        "items={} kills={} committed={} in_doubt={} dead={} duplicates={} lost={} ({:.0} s; kills by phase: {phases:?})",
+        "items={} kills={} (inside a store flush: {in_flushes}) committed={} in_doubt={} dead={} duplicates={} lost={} ({:.0} s; kills by phase: {phases:?})",
         items.len(),
         kills,
         commits.len(),

@@ -12,8 +12,9 @@
 //! so the store is opened once and shared, and flushed at every point that must survive a
 //! crash. A flush never holds a runtime worker (see [`super::group`]).
 //!
-//! `STEWARD_FLUSH_DELAY_MS` makes every flush take that much longer: the benchmarks'
-//! stand-in for a slow disk.
+//! `STEWARD_FLUSH_DELAY_MS` makes every flush take that much longer, half before sled's
+//! flush and half after it: the benchmarks' stand-in for a slow disk, and the crash
+//! harness's way to land kills inside a flush that runs are waiting for.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -295,10 +296,11 @@ impl Backend for SledStore {
         super::group::off_runtime(|| {
             self.group.flush(|| {
                 FLUSHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if let Some(delay) = flush_delay() {
-                    std::thread::sleep(delay);
-                }
-                self.db.flush().map(|_| ())
+                let delay = flush_delay().unwrap_or_default();
+                std::thread::sleep(delay / 2);
+                let flushed = self.db.flush().map(|_| ());
+                std::thread::sleep(delay - delay / 2);
+                flushed
             })
         })?;
         Ok(())
