@@ -264,20 +264,37 @@ impl Governed {
 /// steward, the bare limit and the bash wrapper, `n` runs each, measured in five
 /// alternating rounds: on a shared machine (steal time, neighbours) the noise then falls
 /// on all three alike. Medians of runs/s, and store flushes per governed run.
-fn throughput(dir: &Path, n: usize, parallel: usize) -> (f64, f64, f64, f64) {
+fn throughput(dir: &Path, n: usize, parallel: usize) -> Throughput {
     const ROUNDS: usize = 5;
     let governed = Governed::new(&dir.join("governed"));
     std::fs::create_dir_all(dir.join("bash")).unwrap();
     let batch = (n / ROUNDS).max(parallel);
-    let (mut st, mut bare, mut bash, mut flushes) = (vec![], vec![], vec![], 0.0);
+    let (mut st, mut bare, mut tokio, mut bash, mut flushes) =
+        (vec![], vec![], vec![], vec![], 0.0);
     for _ in 0..ROUNDS {
         let (rate, f) = governed.runs(batch, parallel);
         st.push(rate);
         flushes = f;
         bare.push(bare_limit(batch, parallel));
+        tokio.push(async_limit(&governed.rt, batch, parallel));
         bash.push(bash_wrapper(&dir.join("bash"), batch, parallel));
     }
-    (median(st), median(bare), median(bash), flushes)
+    Throughput {
+        steward: median(st),
+        bare: median(bare),
+        tokio: median(tokio),
+        bash: median(bash),
+        flushes,
+    }
+}
+
+/// Runs/s of steward and its baselines (medians), and store flushes per run.
+struct Throughput {
+    steward: f64,
+    bare: f64,
+    tokio: f64,
+    bash: f64,
+    flushes: f64,
 }
 
 /// The middle value (of an odd count; the upper middle of an even one).
@@ -358,6 +375,37 @@ fn bare_limit(n: usize, parallel: usize) -> f64 {
                     Command::new("/bin/true").status().unwrap();
                 }
             });
+        }
+    });
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// The async spawn limit: the same 3×N processes spawned by tokio on a 2-thread runtime,
+/// stdin, stdout and stderr piped and read to the end, as any async supervisor starts a
+/// step: what steward's process handling is up against before it adds anything.
+fn async_limit(rt: &tokio::runtime::Runtime, n: usize, parallel: usize) -> f64 {
+    let t = Instant::now();
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..parallel)
+            .map(|_| {
+                tokio::spawn(async move {
+                    for _ in 0..(n / parallel) * 3 {
+                        let out = tokio::process::Command::new("/bin/true")
+                            .stdin(Stdio::piped())
+                            .stdout(Stdio::piped())
+                            .stderr(Stdio::piped())
+                            .spawn()
+                            .unwrap()
+                            .wait_with_output()
+                            .await
+                            .unwrap();
+                        assert!(out.status.success());
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
         }
     });
     n as f64 / t.elapsed().as_secs_f64()
@@ -1185,14 +1233,26 @@ fn main() {
     };
     for parallel in widths.into_iter().filter(|_| want("throughput")) {
         r.mark();
-        let (st, bare, bash, flushes) =
-            throughput(&dir(&format!("tp{parallel}")), s.runs, parallel);
+        let Throughput {
+            steward: st,
+            bare,
+            tokio,
+            bash,
+            flushes,
+        } = throughput(&dir(&format!("tp{parallel}")), s.runs, parallel);
         let label = if parallel == 1 {
             "sequential".to_string()
         } else {
             format!("{parallel} in parallel")
         };
-        r.row(&format!("throughput {label} (runs/s) vs bare limit"), format!("{st:.0}"), format!("{bare:.0}"), format!("{:.2}", st / bare), json!({ "steward": st, "bare_limit": bare, "bash_wrapper": bash, "store_flushes_per_run": flushes }));
+        r.row(&format!("throughput {label} (runs/s) vs bare limit"), format!("{st:.0}"), format!("{bare:.0}"), format!("{:.2}", st / bare), json!({ "steward": st, "bare_limit": bare, "async_limit": tokio, "bash_wrapper": bash, "store_flushes_per_run": flushes }));
+        r.row(
+            &format!("throughput {label} (runs/s) vs async spawn limit"),
+            format!("{st:.0}"),
+            format!("{tokio:.0}"),
+            format!("{:.2}", st / tokio),
+            json!({ "steward": st, "async_limit": tokio }),
+        );
         r.row(
             &format!("throughput {label} (runs/s) vs bash wrapper"),
             format!("{st:.0}"),

@@ -417,6 +417,10 @@ impl Backend for MemberStore {
         self.local.flush()
     }
 
+    fn flush_among(&self, others: usize) -> Result<()> {
+        self.local.flush_among(others)
+    }
+
     fn key(&self, workflow: &str, key: &str) -> Result<Option<KeyRecord>> {
         Ok(self.held(workflow, key)?.map(|(h, _)| h.record))
     }

@@ -11,6 +11,7 @@
 //!
 //! An operator's approval of an escalated run enters at `Passed`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -68,6 +69,22 @@ struct Tried {
     /// The maker's output as the checker and commit see it (not redacted).
     output: Option<Value>,
     verify: Option<VerifyRecord>,
+}
+
+/// One run counted in flight until dropped.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn count(runs: &'a AtomicUsize) -> InFlight<'a> {
+        runs.fetch_add(1, Ordering::Relaxed);
+        InFlight(runs)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A fresh record for a fire, before any step ran.
@@ -220,6 +237,7 @@ impl Engine {
 
     /// Moves the run from `phase` to its end, then writes the terminal record.
     async fn drive(&self, mut run: Run<'_>, mut phase: Phase) -> Result<RunRecord> {
+        let _counted = InFlight::count(&self.in_flight);
         loop {
             phase = match phase {
                 Phase::Ended(end) => {
@@ -529,7 +547,8 @@ impl Engine {
     /// stall the triggers and the control socket), in a flush concurrent runs share.
     async fn durable(&self) -> Result<()> {
         let store = self.store.clone();
-        match tokio::task::spawn_blocking(move || store.flush()).await {
+        let others = self.in_flight.load(Ordering::Relaxed).saturating_sub(1);
+        match tokio::task::spawn_blocking(move || store.flush_among(others)).await {
             Ok(flushed) => Ok(flushed?),
             Err(e) => Err(EngineError::RunLog(std::io::Error::other(format!(
                 "the store's flush was lost: {e}"

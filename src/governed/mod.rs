@@ -5,7 +5,9 @@
 //! *before* the maker starts; the key is marked `committing` and flushed *before* the
 //! commit step starts; the key is marked `committed` and flushed *after* it. A crash leaves
 //! a `running` record and a reserved or committing key, which [`Store::open`] turns into an
-//! interrupted run and a key *in doubt*.
+//! interrupted run and a key *in doubt*. A run that reserves no key does not wait for its
+//! `running` record before the maker: it is on disk with the next flush, at the latest
+//! the one before its commit.
 //!
 //! Commit runs only when the run is live (the runner decided so, see [`crate::live`])
 //! **and** verify said `pass`. A dry-run never touches an idempotency key.
@@ -110,6 +112,9 @@ pub struct Engine {
     /// Told of every run's terminal record, once it is durable: the daemon's followers
     /// (`after` triggers) hear of their upstream's end through it. Must not block.
     pub ended: Option<RunEnded>,
+    /// Runs between their fire and their terminal record: a run's flush waits for the
+    /// others to share it when there are several (see `crate::store::Backend::flush_among`).
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A hook told of each terminal run record.
@@ -165,6 +170,7 @@ pub fn open(
             alerts: Default::default(),
             gateway: None,
             ended: None,
+            in_flight: Default::default(),
         },
         recovery,
     ))

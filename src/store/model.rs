@@ -381,6 +381,13 @@ pub trait Backend: Send + Sync {
     /// Makes everything written so far durable.
     fn flush(&self) -> Result<()>;
 
+    /// [`Backend::flush`] for a run with `others` other runs in flight, which may share
+    /// it (group commit).
+    fn flush_among(&self, others: usize) -> Result<()> {
+        let _ = others;
+        self.flush()
+    }
+
     // ---- runs ----
     /// Writes a run record; a `running` run is also listed as active for crash recovery.
     fn put_run(&self, run: &RunRecord) -> Result<()>;

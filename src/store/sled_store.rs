@@ -293,8 +293,12 @@ impl SledStore {
 
 impl Backend for SledStore {
     fn flush(&self) -> Result<()> {
+        self.flush_among(0)
+    }
+
+    fn flush_among(&self, others: usize) -> Result<()> {
         super::group::off_runtime(|| {
-            self.group.flush(|| {
+            self.group.flush_among(others, || {
                 FLUSHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let delay = flush_delay().unwrap_or_default();
                 std::thread::sleep(delay / 2);
