@@ -270,4 +270,39 @@ mod tests {
             .unwrap();
         assert_eq!(made.load(Ordering::SeqCst), 1);
     }
+
+    #[test]
+    fn a_flush_on_the_only_runtime_worker_lets_other_tasks_run_meanwhile() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let told = rt.block_on(async move {
+            let flushing = tokio::spawn(async move {
+                // The "flush" blocks until another task of the same runtime has run.
+                off_runtime(|| rx.recv_timeout(std::time::Duration::from_secs(30)).is_ok())
+            });
+            tokio::task::yield_now().await;
+            tokio::spawn(async move {
+                let _ = tx.send(());
+            });
+            flushing.await.unwrap()
+        });
+        assert!(told, "the other task never ran while the flush blocked");
+    }
+
+    #[test]
+    fn off_a_runtime_a_flush_runs_where_it_is_called() {
+        let caller = std::thread::current().id();
+        assert_eq!(off_runtime(|| std::thread::current().id()), caller);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(
+            rt.block_on(async { off_runtime(|| std::thread::current().id()) }),
+            caller
+        );
+    }
 }
