@@ -361,7 +361,7 @@ fn racing_drivers_in_one_process_dispatch_once_per_turn() {
             );
             let ok = [&a, &b]
                 .iter()
-                .filter(|r| matches!(r, Ok(t) if t.status == "advanced"))
+                .filter(|r| matches!(r, Ok(t) if t.status == steward::agency::TurnStatus::Advanced))
                 .count();
             let conflicts = [&a, &b]
                 .iter()

@@ -11,6 +11,7 @@ use crate::governed::Engine;
 use crate::redact::Redactor;
 use crate::runlog::Entry;
 use crate::runner::RunError;
+use crate::store::RunState;
 
 /// Float sums of cents drift; this close to a cap is at it.
 pub(super) const EPS: f64 = 1e-9;
@@ -29,9 +30,13 @@ pub enum CaseError {
     Run(#[from] RunError),
 }
 
-/// Whether a member run with this end state did its work.
+/// Whether a member run with this end state did its work. A receipt keeps the state as
+/// its sealed event has it (a hand-run member's may name none steward knows: not done).
 fn done(state: &str) -> bool {
-    state == "success" || state == "clean-no-op"
+    matches!(
+        RunState::from_name(state),
+        Some(RunState::Success | RunState::CleanNoOp)
+    )
 }
 
 /// One sealed event of a case.
@@ -299,7 +304,7 @@ pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, String> {
                     if done(&r.state) && !c.done_members.contains(&r.member) {
                         c.done_members.push(r.member.clone());
                     }
-                    if r.state == "approval-required" {
+                    if RunState::from_name(&r.state) == Some(RunState::ApprovalRequired) {
                         c.status = CaseStatus::AwaitingApproval;
                         c.awaiting_review = Some(r.run_id.clone());
                     }

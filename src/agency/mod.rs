@@ -21,4 +21,4 @@ pub use crate::config::agency::Agency;
 pub use case::{
     approve, fold, load, open, verify_chain, Case, CaseError, CaseStatus, Dispatch, Event, Receipt,
 };
-pub use turn::{advance, render, Proposal, Turn, SCHEMA};
+pub use turn::{advance, render, Proposal, Turn, TurnStatus, SCHEMA};

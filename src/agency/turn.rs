@@ -23,7 +23,7 @@ use crate::store::RunState;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Turn {
     pub schema: String,
-    pub status: String,
+    pub status: TurnStatus,
     pub case_id: String,
     pub turn: u64,
     pub dispatch: Option<Dispatch>,
@@ -34,6 +34,57 @@ pub struct Turn {
     pub next: String,
     /// The member run's id, when this turn ran it (`--run`).
     pub receipt: Option<String>,
+}
+
+/// How a turn ended: the `status` of the seed's `agency_turn`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    /// A move was made (a member ran, or the case took a step of its own).
+    Advanced,
+    /// The case waits for an operator's approval.
+    AwaitingApproval,
+    /// The planner asks for input the case does not have.
+    NeedsInput,
+    /// A move was held back (a cap, a pause, the daemon's rules).
+    Held,
+    /// The move was refused (scope, roster, a lease held by another driver).
+    Refused,
+    Resolved,
+    Failed,
+}
+
+impl TurnStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            TurnStatus::Advanced => "advanced",
+            TurnStatus::AwaitingApproval => "awaiting_approval",
+            TurnStatus::NeedsInput => "needs_input",
+            TurnStatus::Held => "held",
+            TurnStatus::Refused => "refused",
+            TurnStatus::Resolved => "resolved",
+            TurnStatus::Failed => "failed",
+        }
+    }
+
+    /// The exit code `steward case advance` reports for a turn that ended so.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            TurnStatus::Refused => 4,
+            TurnStatus::Failed => 5,
+            TurnStatus::Held => 9,
+            TurnStatus::Advanced
+            | TurnStatus::AwaitingApproval
+            | TurnStatus::NeedsInput
+            | TurnStatus::Resolved => 0,
+        }
+    }
+}
+
+impl std::fmt::Display for TurnStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// The schema of the `agency_turn` object.
@@ -86,10 +137,10 @@ impl Proposal {
     }
 }
 
-fn turn(case: &Case, status: &str, reason: Option<String>, next: &str) -> Turn {
+fn turn(case: &Case, status: TurnStatus, reason: Option<String>, next: &str) -> Turn {
     Turn {
         schema: SCHEMA.into(),
-        status: status.into(),
+        status,
         case_id: case.case_id.clone(),
         turn: case.turns,
         dispatch: None,
@@ -133,7 +184,7 @@ pub async fn advance(
         if !run {
             let mut t = turn(
                 &case,
-                "needs_input",
+                TurnStatus::NeedsInput,
                 Some(format!(
                     "turn {} dispatched {} and its result is not recorded",
                     p.turn, p.member
@@ -159,14 +210,19 @@ pub async fn advance(
             None => {
                 let reason = format!("member run {run_id} escalated: it waits in the review queue");
                 let next = format!("steward approve {run_id} (or reject it), then advance");
-                return Ok(turn(&case, "awaiting_approval", Some(reason), &next));
+                return Ok(turn(
+                    &case,
+                    TurnStatus::AwaitingApproval,
+                    Some(reason),
+                    &next,
+                ));
             }
         }
     }
     if case.status == CaseStatus::AwaitingApproval {
         let mut t = turn(
             &case,
-            "awaiting_approval",
+            TurnStatus::AwaitingApproval,
             Some("a consequential move waits for approval".into()),
             &format!("steward case approve {case_id}"),
         );
@@ -228,7 +284,7 @@ pub async fn advance(
             }
             let mut t = turn(
                 &case,
-                "advanced",
+                TurnStatus::Advanced,
                 None,
                 &format!(
                     "run {} ({}), then advance with its result",
@@ -257,7 +313,7 @@ fn member_turn(m: MemberRun) -> Result<Turn, CaseError> {
     let mut t = if unfinished {
         turn(
             &case,
-            "needs_input",
+            TurnStatus::NeedsInput,
             Some(format!(
                 "{}'s run {} ended {} ({}): the turn is not done",
                 d.member, rec.run_id, rec.state, rec.reason
@@ -267,7 +323,7 @@ fn member_turn(m: MemberRun) -> Result<Turn, CaseError> {
     } else {
         turn(
             &case,
-            "advanced",
+            TurnStatus::Advanced,
             Some(format!("{} ran: {} ({})", d.member, rec.state, rec.reason)),
             "advance again",
         )
@@ -283,11 +339,11 @@ fn closed(case: &Case) -> Option<Turn> {
     match case.status {
         CaseStatus::Resolved => Some(turn(
             case,
-            "resolved",
+            TurnStatus::Resolved,
             Some("the case is resolved".into()),
             closed,
         )),
-        CaseStatus::Failed => Some(turn(case, "failed", case.reason.clone(), closed)),
+        CaseStatus::Failed => Some(turn(case, TurnStatus::Failed, case.reason.clone(), closed)),
         _ => None,
     }
 }
@@ -364,7 +420,7 @@ fn over_limit(engine: &Engine, case: &Case, driver: &str) -> Result<Option<Turn>
     let case = reload(engine, &case.case_id)?;
     Ok(Some(turn(
         &case,
-        "failed",
+        TurnStatus::Failed,
         Some(reason),
         "nothing: the case is closed",
     )))
@@ -417,7 +473,7 @@ fn over_window(engine: &Engine, case: &Case) -> Result<Option<Turn>, CaseError> 
     ));
     Ok(Some(turn(
         case,
-        "held",
+        TurnStatus::Held,
         Some(reason),
         "wait until older spend leaves the window (or raise [limits.window] spend_usd), then advance",
     )))
@@ -453,7 +509,7 @@ fn resolve(
     let case = reload(engine, &case.case_id)?;
     Ok(turn(
         &case,
-        "resolved",
+        TurnStatus::Resolved,
         reason,
         "nothing: the case is closed",
     ))
@@ -479,7 +535,7 @@ fn escalate(engine: &Engine, case: &Case, key: &str, missing: &str) -> Result<Tu
     let case = reload(engine, &case.case_id)?;
     Ok(turn(
         &case,
-        "needs_input",
+        TurnStatus::NeedsInput,
         Some(reason),
         &format!("{contact} provides {missing}, then advance"),
     ))
@@ -542,7 +598,7 @@ fn await_approval(
     let case = reload(engine, &case.case_id)?;
     let mut t = turn(
         &case,
-        "awaiting_approval",
+        TurnStatus::AwaitingApproval,
         Some(format!("dispatching {member} needs approval")),
         &format!("steward case approve {}", case.case_id),
     );
@@ -567,7 +623,7 @@ fn refuse(engine: &Engine, case: &Case, why: String) -> Result<Turn, CaseError> 
     );
     let mut t = turn(
         case,
-        "refused",
+        TurnStatus::Refused,
         Some(why),
         "fix the planner or the roster; the case did not advance",
     );

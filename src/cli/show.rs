@@ -263,12 +263,7 @@ fn case_response(response: &Response, view: &View) -> Shown {
             } else {
                 wln!(out, "{}", agency::render(turn));
             }
-            s.code = match turn.status.as_str() {
-                "refused" => 4,
-                "failed" => 5,
-                "held" => 9,
-                _ => 0,
-            };
+            s.code = turn.status.exit_code();
         }
         R::TurnConflict { message } => {
             let body = serde_json::json!({ "error": "version_conflict", "message": message });

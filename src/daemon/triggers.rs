@@ -74,7 +74,7 @@ async fn drive_agency(shared: &Arc<Shared>, agency: &str) {
                 return;
             }
             match crate::agency::advance(runner, &config, &id, "daemon", None, true).await {
-                Ok(t) if t.status == "advanced" => continue,
+                Ok(t) if t.status == crate::agency::TurnStatus::Advanced => continue,
                 Ok(t) => {
                     tracing::info!(agency, case = %id, status = %t.status, "case stopped: {}", t.reason.unwrap_or_default());
                     break;
