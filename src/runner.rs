@@ -193,21 +193,29 @@ impl Runner {
         let mut slots = self.lock();
         let wf = p.job.wf.clone();
         let slot = slots.entry(wf.id.clone()).or_default();
-        if slot.active.is_empty() || wf.overlap == Overlap::AllowAll {
+        if slot.active.is_empty() {
             self.start(slot, p);
             return rx;
         }
-        let busy = slot
-            .active
-            .iter()
-            .map(|a| a.run_id.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
+        let busy = |slot: &Slot| {
+            slot.active
+                .iter()
+                .map(|a| a.run_id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         match wf.overlap {
-            Overlap::Skip => self.skip(p, format!("overlap = skip: run {busy} is still active")),
+            Overlap::AllowAll => self.start(slot, p),
+            Overlap::Skip => self.skip(
+                p,
+                format!("overlap = skip: run {} is still active", busy(slot)),
+            ),
             Overlap::BufferOne if !slot.pending.is_empty() => self.skip(
                 p,
-                format!("overlap = buffer_one: run {busy} is active and one fire already waits"),
+                format!(
+                    "overlap = buffer_one: run {} is active and one fire already waits",
+                    busy(slot)
+                ),
             ),
             Overlap::BufferOne | Overlap::BufferAll => slot.pending.push_back(p),
             Overlap::CancelOther => {
@@ -223,7 +231,6 @@ impl Runner {
                 }
                 slot.pending.push_back(p);
             }
-            Overlap::AllowAll => unreachable!("handled above"),
         }
         rx
     }

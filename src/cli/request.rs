@@ -146,7 +146,9 @@ pub fn of(command: Command) -> Result<(Request, View)> {
         | C::New(_)
         | C::Logs { .. }
         | C::AgentStep { .. } => {
-            unreachable!("run by the CLI itself")
+            return Err(anyhow!(
+                "this command runs in the CLI itself and has no request to the daemon"
+            ))
         }
     })
 }
