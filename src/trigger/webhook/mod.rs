@@ -157,7 +157,7 @@ async fn handle(
             if let Some(n) = app.refused.due() {
                 tracing::warn!(workflow = %route.workflow, format = route.format.name(), "webhook refused: {why} ({n} refused in the last {}s)", crate::throttle::LOG_EVERY.as_secs());
             }
-            return text(StatusCode::UNAUTHORIZED, &why);
+            return text(StatusCode::UNAUTHORIZED, &why.to_string());
         }
     };
     let fire = Fire::new(
@@ -217,7 +217,7 @@ pub fn check_signature(
     headers: &HeaderMap,
     body: &[u8],
     now: i64,
-) -> Result<(), String> {
+) -> Result<(), verify::Rejected> {
     verify::verify(Format::Steward, secret, headers, body, now).map(|_| ())
 }
 
@@ -284,9 +284,11 @@ mod tests {
     fn stale_timestamps_are_refused() {
         let then = 1_800_000_000;
         let sig = sign(b"k", then, b"x");
+        let refused = check_signature(b"k", &headers(then, &sig), b"x", then + TOLERANCE_S + 1);
+        assert_eq!(refused, Err(verify::Rejected::OutsideWindow));
         assert_eq!(
-            check_signature(b"k", &headers(then, &sig), b"x", then + TOLERANCE_S + 1),
-            Err("timestamp outside the allowed window of 5 minutes (a replay?)".to_string())
+            refused.unwrap_err().to_string(),
+            "timestamp outside the allowed window of 5 minutes (a replay?)"
         );
     }
 }

@@ -86,6 +86,31 @@ pub struct Delivery {
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// Why a request was refused: said in the 401 and the log, never anything about the
+/// secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    #[error("missing {0}")]
+    Missing(String),
+    #[error("timestamp `{0}` is not unix seconds")]
+    NotUnixSeconds(String),
+    #[error("timestamp outside the allowed window of 5 minutes (a replay?)")]
+    OutsideWindow,
+    /// The header's name as the sender's documentation writes it.
+    #[error("{0} must be sha256=<hex>")]
+    NotSha256(&'static str),
+    #[error("signature is not hex")]
+    NotHex,
+    #[error("Stripe-Signature has no t=")]
+    NoStripeTimestamp,
+    #[error("Stripe-Signature has no v1= signature")]
+    NoStripeSignature,
+    #[error("signature does not match")]
+    Mismatch,
+    #[error("the endpoint's secret is not a Standard Webhooks secret (whsec_<base64>)")]
+    NotStandardSecret,
+}
+
 /// Checks a request as `format` documents it; the error says what is wrong (for the 401
 /// and the log), never anything about the secret.
 pub fn verify(
@@ -94,7 +119,7 @@ pub fn verify(
     headers: &HeaderMap,
     body: &[u8],
     now: i64,
-) -> Result<Delivery, String> {
+) -> Result<Delivery, Rejected> {
     match format {
         Format::Steward => steward(secret, headers, body, now),
         Format::Github => github(secret, headers, body),
@@ -103,13 +128,13 @@ pub fn verify(
     }
 }
 
-fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, String> {
+fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, Rejected> {
     headers
         .get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|v| !v.is_empty())
-        .ok_or_else(|| format!("missing {name}"))
+        .ok_or_else(|| Rejected::Missing(name.to_string()))
 }
 
 fn mac(secret: &[u8], parts: &[&[u8]]) -> HmacSha256 {
@@ -127,12 +152,12 @@ fn any_matches(mac: &HmacSha256, candidates: impl IntoIterator<Item = Vec<u8>>) 
         .any(|c| mac.clone().verify_slice(&c).is_ok())
 }
 
-fn timestamp(value: &str, now: i64) -> Result<i64, String> {
+fn timestamp(value: &str, now: i64) -> Result<i64, Rejected> {
     let ts: i64 = value
         .parse()
-        .map_err(|_| format!("timestamp `{value}` is not unix seconds"))?;
+        .map_err(|_| Rejected::NotUnixSeconds(value.to_string()))?;
     if now.abs_diff(ts) > TOLERANCE_S as u64 {
-        return Err("timestamp outside the allowed window of 5 minutes (a replay?)".into());
+        return Err(Rejected::OutsideWindow);
     }
     Ok(ts)
 }
@@ -150,16 +175,21 @@ fn timed() -> Duration {
     Duration::from_secs(2 * TOLERANCE_S as u64)
 }
 
-fn steward(secret: &[u8], headers: &HeaderMap, body: &[u8], now: i64) -> Result<Delivery, String> {
+fn steward(
+    secret: &[u8],
+    headers: &HeaderMap,
+    body: &[u8],
+    now: i64,
+) -> Result<Delivery, Rejected> {
     let ts = header(headers, TIMESTAMP_HEADER)?;
     timestamp(ts, now)?;
     let sig = header(headers, SIGNATURE_HEADER)?;
     let hex_sig = sig
         .strip_prefix("sha256=")
-        .ok_or("signature must be sha256=<hex>")?;
-    let given = hex::decode(hex_sig).map_err(|_| "signature is not hex".to_string())?;
+        .ok_or(Rejected::NotSha256("signature"))?;
+    let given = hex::decode(hex_sig).map_err(|_| Rejected::NotHex)?;
     if !any_matches(&mac(secret, &[ts.as_bytes(), b".", body]), [given]) {
-        return Err("signature does not match".into());
+        return Err(Rejected::Mismatch);
     }
     Ok(Delivery {
         id: hashed(&[ts.as_bytes(), b".", body]),
@@ -167,14 +197,14 @@ fn steward(secret: &[u8], headers: &HeaderMap, body: &[u8], now: i64) -> Result<
     })
 }
 
-fn github(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> Result<Delivery, String> {
+fn github(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> Result<Delivery, Rejected> {
     let sig = header(headers, "x-hub-signature-256")?;
     let hex_sig = sig
         .strip_prefix("sha256=")
-        .ok_or("X-Hub-Signature-256 must be sha256=<hex>")?;
-    let given = hex::decode(hex_sig).map_err(|_| "signature is not hex".to_string())?;
+        .ok_or(Rejected::NotSha256("X-Hub-Signature-256"))?;
+    let given = hex::decode(hex_sig).map_err(|_| Rejected::NotHex)?;
     if !any_matches(&mac(secret, &[body]), [given]) {
-        return Err("signature does not match".into());
+        return Err(Rejected::Mismatch);
     }
     let id = match header(headers, "x-github-delivery") {
         Ok(id) => format!("github:{id}"),
@@ -186,7 +216,7 @@ fn github(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> Result<Delivery, S
     })
 }
 
-fn stripe(secret: &[u8], headers: &HeaderMap, body: &[u8], now: i64) -> Result<Delivery, String> {
+fn stripe(secret: &[u8], headers: &HeaderMap, body: &[u8], now: i64) -> Result<Delivery, Rejected> {
     let sig = header(headers, "stripe-signature")?;
     let mut ts = None;
     let mut v1 = Vec::new();
@@ -197,13 +227,13 @@ fn stripe(secret: &[u8], headers: &HeaderMap, body: &[u8], now: i64) -> Result<D
             _ => {}
         }
     }
-    let ts = ts.ok_or("Stripe-Signature has no t=")?;
+    let ts = ts.ok_or(Rejected::NoStripeTimestamp)?;
     timestamp(ts, now)?;
     if v1.is_empty() {
-        return Err("Stripe-Signature has no v1= signature".into());
+        return Err(Rejected::NoStripeSignature);
     }
     if !any_matches(&mac(secret, &[ts.as_bytes(), b".", body]), v1) {
-        return Err("signature does not match".into());
+        return Err(Rejected::Mismatch);
     }
     let event_id = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
@@ -218,7 +248,12 @@ fn stripe(secret: &[u8], headers: &HeaderMap, body: &[u8], now: i64) -> Result<D
     })
 }
 
-fn standard(secret: &[u8], headers: &HeaderMap, body: &[u8], now: i64) -> Result<Delivery, String> {
+fn standard(
+    secret: &[u8],
+    headers: &HeaderMap,
+    body: &[u8],
+    now: i64,
+) -> Result<Delivery, Rejected> {
     let key = standard_key(secret)?;
     let id = header(headers, "webhook-id")?;
     let ts = header(headers, "webhook-timestamp")?;
@@ -233,7 +268,7 @@ fn standard(secret: &[u8], headers: &HeaderMap, body: &[u8], now: i64) -> Result
         &mac(&key, &[id.as_bytes(), b".", ts.as_bytes(), b".", body]),
         given,
     ) {
-        return Err("signature does not match".into());
+        return Err(Rejected::Mismatch);
     }
     Ok(Delivery {
         id: format!("standard:{id}"),
@@ -242,14 +277,12 @@ fn standard(secret: &[u8], headers: &HeaderMap, body: &[u8], now: i64) -> Result
 }
 
 /// A Standard Webhooks secret is `whsec_` and the base64 of the key.
-fn standard_key(secret: &[u8]) -> Result<Vec<u8>, String> {
+fn standard_key(secret: &[u8]) -> Result<Vec<u8>, Rejected> {
     let text = std::str::from_utf8(secret).unwrap_or("");
     let b64 = text.strip_prefix("whsec_").unwrap_or(text);
     base64::engine::general_purpose::STANDARD
         .decode(b64)
-        .map_err(|_| {
-            "the endpoint's secret is not a Standard Webhooks secret (whsec_<base64>)".into()
-        })
+        .map_err(|_| Rejected::NotStandardSecret)
 }
 
 /// Signs a request as `format`'s sender would (tests, fuzzing, and anyone scripting a
@@ -368,7 +401,8 @@ mod tests {
                 body,
             ));
             let e = verify(format, secret(format), &h, body, NOW).unwrap_err();
-            assert!(e.contains("window"), "{format:?}: {e}");
+            assert_eq!(e, Rejected::OutsideWindow, "{format:?}: {e}");
+            assert!(e.to_string().contains("window"), "{format:?}: {e}");
         }
     }
 
