@@ -19,6 +19,37 @@ pub const TIME_CAP: Duration = Duration::from_secs(2);
 /// The longest key a template may render.
 pub const MAX_KEY_BYTES: usize = 4096;
 
+/// Why a key template did not give a key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// minijinja's message without its template dump; `bound`: a bound stopped it (out
+    /// of fuel, a key too long).
+    #[error("{message}")]
+    Failed { message: String, bound: bool },
+    #[error("rendered to an empty string")]
+    Empty,
+    #[error("the template panicked: {0}")]
+    Panicked(String),
+    #[error("took longer than {}s", TIME_CAP.as_secs())]
+    TooSlow,
+    /// What failed, named: the workflow's template and the template itself, shortened.
+    #[error("{what} `{template}`: {error}")]
+    Named {
+        what: String,
+        template: String,
+        error: Box<TemplateError>,
+    },
+}
+
+impl TemplateError {
+    fn of(e: &Error) -> TemplateError {
+        TemplateError::Failed {
+            message: describe(e),
+            bound: is_bound(e),
+        }
+    }
+}
+
 fn environment(undefined: UndefinedBehavior) -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(undefined);
@@ -50,35 +81,34 @@ fn date_filter(value: String, format: Option<String>) -> Result<String, Error> {
 }
 
 /// Checks that `source` compiles; the message is minijinja's, without the template dump.
-pub fn check(source: &str) -> Result<(), String> {
+pub fn check(source: &str) -> Result<(), TemplateError> {
     let env = environment(UndefinedBehavior::Strict);
     env.template_from_str(source)
         .map(|_| ())
-        .map_err(|e| describe(&e))
+        .map_err(|e| TemplateError::of(&e))
 }
 
 /// Renders `source` over `context`. An undefined value, an empty result, a result over
 /// [`MAX_KEY_BYTES`] or a template that runs out of [`FUEL`] is an error.
-pub fn render(source: &str, context: &serde_json::Value) -> Result<String, String> {
-    render_with(source, context, UndefinedBehavior::Strict).map_err(|(_, e)| e)
+pub fn render(source: &str, context: &serde_json::Value) -> Result<String, TemplateError> {
+    render_with(source, context, UndefinedBehavior::Strict)
 }
 
-/// The rendered key, or (whether a bound stopped it, why).
 fn render_with(
     source: &str,
     context: &serde_json::Value,
     undefined: UndefinedBehavior,
-) -> Result<String, (bool, String)> {
+) -> Result<String, TemplateError> {
     let env = environment(undefined);
     let tmpl = env
         .template_from_str(source)
-        .map_err(|e| (false, describe(&e)))?;
+        .map_err(|e| TemplateError::of(&e))?;
     let mut out = Capped(Vec::new());
     tmpl.render_captured_to(Value::from_serialize(context), &mut out)
-        .map_err(|e| (is_bound(&e), describe(&e)))?;
+        .map_err(|e| TemplateError::of(&e))?;
     let out = String::from_utf8_lossy(&out.0).trim().to_string();
     if out.is_empty() {
-        return Err((false, "rendered to an empty string".to_string()));
+        return Err(TemplateError::Empty);
     }
     Ok(out)
 }
@@ -95,23 +125,27 @@ pub async fn render_bounded(
     what: &str,
     source: &str,
     context: &serde_json::Value,
-) -> Result<String, String> {
+) -> Result<String, TemplateError> {
     let (owned, ctx) = (source.to_string(), context.clone());
     let job = tokio::task::spawn_blocking(move || render(&owned, &ctx));
     let result = match tokio::time::timeout(TIME_CAP, job).await {
         Ok(Ok(result)) => result,
-        Ok(Err(e)) => Err(format!("the template panicked: {e}")),
-        Err(_) => Err(format!("took longer than {}s", TIME_CAP.as_secs())),
+        Ok(Err(e)) => Err(TemplateError::Panicked(e.to_string())),
+        Err(_) => Err(TemplateError::TooSlow),
     };
-    result.map_err(|e| format!("{what} `{}`: {e}", shorten(source)))
+    result.map_err(|e| TemplateError::Named {
+        what: what.to_string(),
+        template: shorten(source),
+        error: Box::new(e),
+    })
 }
 
 /// Renders `source` once over a sample context, undefined values allowed: what `steward
 /// validate` does to find a template that runs past its bounds before any run does.
 /// Only a bound is reported: a sample cannot tell a real fire's values.
-pub fn try_sample(source: &str, context: &serde_json::Value) -> Result<(), String> {
+pub fn try_sample(source: &str, context: &serde_json::Value) -> Result<(), TemplateError> {
     match render_with(source, context, UndefinedBehavior::Chainable) {
-        Err((true, e)) => Err(e),
+        Err(e @ TemplateError::Failed { bound: true, .. }) => Err(e),
         _ => Ok(()),
     }
 }
@@ -184,7 +218,11 @@ mod tests {
             "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
         let started = std::time::Instant::now();
         let e = render(looping, &json!({})).unwrap_err();
-        assert!(e.contains("budget"), "{e}");
+        assert!(e.to_string().contains("budget"), "{e}");
+        assert!(
+            matches!(e, TemplateError::Failed { bound: true, .. }),
+            "{e:?}"
+        );
         assert!(started.elapsed() < TIME_CAP, "{:?}", started.elapsed());
         assert!(try_sample(looping, &json!({})).is_err());
     }
@@ -192,7 +230,11 @@ mod tests {
     #[test]
     fn a_key_longer_than_the_cap_is_an_error() {
         let e = render("{{ 'x' * 5000 }}", &json!({})).unwrap_err();
-        assert!(e.contains("longer than"), "{e}");
+        assert!(e.to_string().contains("longer than"), "{e}");
+        assert!(
+            matches!(e, TemplateError::Failed { bound: true, .. }),
+            "{e:?}"
+        );
     }
 
     #[test]
