@@ -51,7 +51,11 @@ pub struct Drain {
 /// Plans the drain of `config`'s marker folder as of `now`.
 pub fn plan(config: &Config, now: DateTime<Utc>) -> Drain {
     let dir = drain::marker_dir(&config.vault());
-    let (markers, mut kept) = drain::scan(&dir);
+    let (markers, bad) = drain::scan(&dir);
+    let mut kept: Vec<(PathBuf, String)> = bad
+        .into_iter()
+        .map(|(path, why)| (path, why.to_string()))
+        .collect();
     let windows = drain::windows(config, now);
     let plan = drain::plan(markers, |job| windows.get(job).copied(), now);
     kept.extend(plan.left);

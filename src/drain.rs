@@ -45,9 +45,40 @@ pub fn write_marker(
     Ok(path)
 }
 
+/// Why a marker file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BadMarker {
+    #[error("file name is not UTF-8")]
+    NameNotUtf8,
+    #[error("not a .md file")]
+    NotMarkdown,
+    #[error("name is not YYYY-MM-DD-<job>.md")]
+    BadName,
+    #[error("`{0}` is not a date")]
+    BadDate(String),
+    #[error("cannot read: {0}")]
+    Unreadable(std::io::Error),
+    #[error("larger than 64 KiB: not a marker")]
+    TooLarge,
+    #[error("no frontmatter (the file must start with a `---` line)")]
+    NoFrontmatter,
+    #[error("frontmatter line `{0}` is not `key: value`")]
+    BadLine(String),
+    #[error("frontmatter is not closed by a `---` line")]
+    Unclosed,
+    #[error("frontmatter has no `status`")]
+    NoStatus,
+    #[error("scheduled_for `{0}` is not an RFC 3339 time")]
+    BadScheduledFor(String),
+    #[error("bad date")]
+    DateOutOfRange,
+    #[error("job `{0}` is not a valid name")]
+    BadJob(String),
+}
+
 /// Reads every marker in `dir`: the queued ones, and the ones that could not be read
 /// (with why). Markers with another status are not ours to touch and are skipped.
-pub fn scan(dir: &Path) -> (Vec<Marker>, Vec<(PathBuf, String)>) {
+pub fn scan(dir: &Path) -> (Vec<Marker>, Vec<(PathBuf, BadMarker)>) {
     let mut good = Vec::new();
     let mut bad = Vec::new();
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -69,29 +100,29 @@ pub fn scan(dir: &Path) -> (Vec<Marker>, Vec<(PathBuf, String)>) {
 }
 
 /// One marker file: Ok(None) when its status is not `queued`.
-pub fn parse(path: &Path) -> Result<Option<Marker>, String> {
+pub fn parse(path: &Path) -> Result<Option<Marker>, BadMarker> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
-        .ok_or("file name is not UTF-8")?;
+        .ok_or(BadMarker::NameNotUtf8)?;
     let (date, job) = parse_name(name)?;
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    let meta = std::fs::metadata(path).map_err(BadMarker::Unreadable)?;
     if meta.len() > 64 << 10 {
-        return Err("larger than 64 KiB: not a marker".into());
+        return Err(BadMarker::TooLarge);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))?;
+    let text = std::fs::read_to_string(path).map_err(BadMarker::Unreadable)?;
     parse_text(path, date, job, &text)
 }
 
 /// A marker's file name: its date and job (`YYYY-MM-DD-<job>.md`).
-pub fn parse_name(name: &str) -> Result<(NaiveDate, &str), String> {
-    let stem = name.strip_suffix(".md").ok_or("not a .md file")?;
+pub fn parse_name(name: &str) -> Result<(NaiveDate, &str), BadMarker> {
+    let stem = name.strip_suffix(".md").ok_or(BadMarker::NotMarkdown)?;
     let (date, job) = match (stem.get(..10), stem.get(10..11), stem.get(11..)) {
         (Some(d), Some("-"), Some(j)) if !j.is_empty() => (d, j),
-        _ => return Err("name is not YYYY-MM-DD-<job>.md".into()),
+        _ => return Err(BadMarker::BadName),
     };
     let date = NaiveDate::parse_from_str(date, "%Y-%m-%d")
-        .map_err(|_| format!("`{date}` is not a date"))?;
+        .map_err(|_| BadMarker::BadDate(date.to_string()))?;
     Ok((date, job))
 }
 
@@ -102,27 +133,27 @@ pub fn parse_text(
     date: NaiveDate,
     job: &str,
     text: &str,
-) -> Result<Option<Marker>, String> {
+) -> Result<Option<Marker>, BadMarker> {
     let fields = frontmatter(text)?;
-    let status = fields.get("status").ok_or("frontmatter has no `status`")?;
+    let status = fields.get("status").ok_or(BadMarker::NoStatus)?;
     if status != "queued" {
         return Ok(None);
     }
     let scheduled_for = match fields.get("scheduled_for") {
         Some(s) => DateTime::parse_from_rfc3339(s)
-            .map_err(|_| format!("scheduled_for `{s}` is not an RFC 3339 time"))?
+            .map_err(|_| BadMarker::BadScheduledFor(s.clone()))?
             .with_timezone(&Utc),
         None => date
             .and_hms_opt(0, 0, 0)
             .map(|t| t.and_utc())
-            .ok_or("bad date")?,
+            .ok_or(BadMarker::DateOutOfRange)?,
     };
     let job = fields
         .get("job")
         .cloned()
         .unwrap_or_else(|| job.to_string());
     if !crate::config::valid_id(&job) {
-        return Err(format!("job `{job}` is not a valid name"));
+        return Err(BadMarker::BadJob(job));
     }
     Ok(Some(Marker {
         path: path.to_path_buf(),
@@ -133,10 +164,10 @@ pub fn parse_text(
 }
 
 /// `key: value` lines between the leading `---` fences.
-fn frontmatter(text: &str) -> Result<BTreeMap<String, String>, String> {
+fn frontmatter(text: &str) -> Result<BTreeMap<String, String>, BadMarker> {
     let mut lines = text.lines();
     if lines.next().map(str::trim) != Some("---") {
-        return Err("no frontmatter (the file must start with a `---` line)".into());
+        return Err(BadMarker::NoFrontmatter);
     }
     let mut fields = BTreeMap::new();
     for line in lines {
@@ -149,13 +180,13 @@ fn frontmatter(text: &str) -> Result<BTreeMap<String, String>, String> {
         }
         let (k, v) = line
             .split_once(':')
-            .ok_or_else(|| format!("frontmatter line `{line}` is not `key: value`"))?;
+            .ok_or_else(|| BadMarker::BadLine(line.to_string()))?;
         fields.insert(
             k.trim().to_string(),
             v.trim().trim_matches('"').trim_matches('\'').to_string(),
         );
     }
-    Err("frontmatter is not closed by a `---` line".into())
+    Err(BadMarker::Unclosed)
 }
 
 /// Each known job's expiry window: a schedule's catch-up window (an agent's is its
@@ -278,7 +309,7 @@ mod tests {
         .unwrap();
         let (markers, bad) = scan(dir.path());
         assert_eq!(bad.len(), 1);
-        assert!(bad[0].1.contains("frontmatter"));
+        assert!(bad[0].1.to_string().contains("frontmatter"), "{}", bad[0].1);
         let window = |job: &str| match job {
             "daily" | "stale" => Some(Duration::from_secs(2 * 86_400)),
             _ => None,
