@@ -30,6 +30,38 @@ pub enum CaseError {
     Run(#[from] RunError),
 }
 
+/// What is wrong with a case's stored events: the first broken link, or why they do not
+/// make a case.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BrokenCase {
+    #[error("event {version} is unreadable: {why}")]
+    Unreadable { version: u64, why: String },
+    #[error("event {want}: missing (found version {found} instead)")]
+    Missing { want: u64, found: u64 },
+    #[error("event {version}: its prev_hash does not match event {}'s hash", version - 1)]
+    PrevHash { version: u64 },
+    #[error("event {version} ({kind}): its content does not match its hash (altered after it was written)")]
+    Altered { version: u64, kind: String },
+    #[error("event {version}: unknown kind `{kind}`")]
+    UnknownKind { version: u64, kind: String },
+    #[error("no events")]
+    Empty,
+    #[error("the first event is not `opened`")]
+    NotOpened,
+    #[error("opened event: {0}")]
+    BadOpened(String),
+}
+
+impl BrokenCase {
+    /// An event's bytes that are not an event.
+    pub fn unreadable(version: u64, e: &serde_json::Error) -> BrokenCase {
+        BrokenCase::Unreadable {
+            version,
+            why: e.to_string(),
+        }
+    }
+}
+
 /// Whether a member run with this end state did its work. A receipt keeps the state as
 /// its sealed event has it (a hand-run member's may name none steward knows: not done).
 fn done(state: &str) -> bool {
@@ -194,39 +226,34 @@ pub(super) fn predicates(case: &Case) -> (Value, Vec<String>) {
     )
 }
 
-pub(super) fn decode(events: Vec<(u64, Vec<u8>)>) -> Result<Vec<Event>, String> {
+pub fn decode(events: Vec<(u64, Vec<u8>)>) -> Result<Vec<Event>, BrokenCase> {
     events
         .into_iter()
         .map(|(v, bytes)| {
-            serde_json::from_slice::<Event>(&bytes)
-                .map_err(|e| format!("event {v} is unreadable: {e}"))
+            serde_json::from_slice::<Event>(&bytes).map_err(|e| BrokenCase::unreadable(v, &e))
         })
         .collect()
 }
 
 /// Replays the chain: Err names the first broken link.
-pub fn verify_chain(events: &[Event]) -> Result<(), String> {
+pub fn verify_chain(events: &[Event]) -> Result<(), BrokenCase> {
     let mut prev = String::new();
     for (i, e) in events.iter().enumerate() {
         let want = i as u64 + 1;
         if e.version != want {
-            return Err(format!(
-                "event {want}: missing (found version {} instead)",
-                e.version
-            ));
+            return Err(BrokenCase::Missing {
+                want,
+                found: e.version,
+            });
         }
         if e.prev_hash != prev {
-            return Err(format!(
-                "event {}: its prev_hash does not match event {}'s hash",
-                e.version,
-                e.version - 1
-            ));
+            return Err(BrokenCase::PrevHash { version: e.version });
         }
         if seal(e.version, &e.at, &e.key, &e.kind, &e.data, &e.prev_hash) != e.hash {
-            return Err(format!(
-                "event {} ({}): its content does not match its hash (altered after it was written)",
-                e.version, e.kind
-            ));
+            return Err(BrokenCase::Altered {
+                version: e.version,
+                kind: e.kind.clone(),
+            });
         }
         prev = e.hash.clone();
     }
@@ -234,13 +261,13 @@ pub fn verify_chain(events: &[Event]) -> Result<(), String> {
 }
 
 /// Folds a verified stream into the case.
-pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, String> {
-    let first = events.first().ok_or("no events")?;
+pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, BrokenCase> {
+    let first = events.first().ok_or(BrokenCase::Empty)?;
     if first.kind != EventKind::Opened.name() {
-        return Err("the first event is not `opened`".into());
+        return Err(BrokenCase::NotOpened);
     }
     let agency: Agency = serde_json::from_value(first.data["agency"].clone())
-        .map_err(|e| format!("opened event: {e}"))?;
+        .map_err(|e| BrokenCase::BadOpened(e.to_string()))?;
     let mut c = Case {
         case_id: case_id.to_string(),
         agency,
@@ -265,7 +292,10 @@ pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, String> {
         c.version = e.version;
         c.last_hash = e.hash.clone();
         let Some(kind) = EventKind::parse(&e.kind) else {
-            return Err(format!("event {}: unknown kind `{}`", e.version, e.kind));
+            return Err(BrokenCase::UnknownKind {
+                version: e.version,
+                kind: e.kind.clone(),
+            });
         };
         match kind {
             EventKind::Opened => {}
@@ -340,13 +370,13 @@ pub fn load(engine: &Engine, case_id: &str) -> Result<Option<(Case, Vec<Event>)>
     if raw.is_empty() {
         return Ok(None);
     }
-    let events = decode(raw).map_err(CaseError::Refused)?;
+    let events = decode(raw).map_err(|e| CaseError::Refused(e.to_string()))?;
     verify_chain(&events).map_err(|e| {
         CaseError::Refused(format!(
             "case {case_id} cannot be trusted: {e} (see `steward case verify {case_id}`)"
         ))
     })?;
-    let case = fold(case_id, &events).map_err(CaseError::Refused)?;
+    let case = fold(case_id, &events).map_err(|e| CaseError::Refused(e.to_string()))?;
     Ok(Some((case, events)))
 }
 

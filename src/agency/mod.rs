@@ -19,6 +19,7 @@ pub mod turn;
 
 pub use crate::config::agency::Agency;
 pub use case::{
-    approve, fold, load, open, verify_chain, Case, CaseError, CaseStatus, Dispatch, Event, Receipt,
+    approve, decode, fold, load, open, verify_chain, BrokenCase, Case, CaseError, CaseStatus,
+    Dispatch, Event, Receipt,
 };
 pub use turn::{advance, render, Proposal, Turn, TurnStatus, SCHEMA};

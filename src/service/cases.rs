@@ -74,16 +74,11 @@ pub(super) fn verify(service: &Service, case_id: &str) -> Handled {
         return Err(anyhow!("no case {case_id}"));
     }
     let events = raw.len();
-    let decoded: Result<Vec<agency::Event>, String> = raw
-        .into_iter()
-        .map(|(v, b)| {
-            serde_json::from_slice(&b).map_err(|e| format!("event {v}: unreadable ({e})"))
-        })
-        .collect();
+    let broken = agency::decode(raw).and_then(|e| agency::verify_chain(&e));
     Ok(Response::CaseChain {
         case_id: case_id.to_string(),
         events,
-        broken: decoded.and_then(|e| agency::verify_chain(&e)).err(),
+        broken: broken.err().map(|e| e.to_string()),
     })
 }
 
