@@ -296,15 +296,13 @@ fn escapes_fail(road: Road) {
     if nix::unistd::geteuid().is_root() {
         want("read-shadow", "denied");
     }
-    match steward::sandbox::tmp::supported().and_then(|()| {
-        if !namespace {
-            Err("turned off".into())
-        } else if l.base.starts_with("/tmp") {
-            Err("the test folder is under /tmp".into())
-        } else {
-            Ok(())
-        }
-    }) {
+    let private_tmp = match steward::sandbox::tmp::supported() {
+        Err(why) => Err(why.to_string()),
+        Ok(()) if !namespace => Err("turned off".to_string()),
+        Ok(()) if l.base.starts_with("/tmp") => Err("the test folder is under /tmp".to_string()),
+        Ok(()) => Ok(()),
+    };
+    match private_tmp {
         Ok(()) => {
             assert!(record.contains("private /tmp"), "{record}");
             want("tmp-fresh", "ok");

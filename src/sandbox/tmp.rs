@@ -8,19 +8,32 @@
 
 use std::sync::OnceLock;
 
+/// Why a step cannot have a mount namespace of its own (and so no private `/tmp`) here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoNamespace {
+    #[error("turned off by STEWARD_SANDBOX_NAMESPACE=0")]
+    TurnedOff,
+    #[error("a test step in a mount namespace ended {0}")]
+    ProbeFailed(String),
+    #[error(
+        "the kernel refused a mount namespace ({0}): steward needs root or CAP_SYS_ADMIN for it"
+    )]
+    Refused(String),
+}
+
 /// Whether a step can have a private `/tmp` here; Err says why not. Asked once, by
 /// starting `true` in a mount namespace of its own.
-pub fn supported() -> Result<(), String> {
-    static ANSWER: OnceLock<Result<(), String>> = OnceLock::new();
+pub fn supported() -> Result<(), NoNamespace> {
+    static ANSWER: OnceLock<Result<(), NoNamespace>> = OnceLock::new();
     ANSWER.get_or_init(probe).clone()
 }
 
-fn probe() -> Result<(), String> {
+fn probe() -> Result<(), NoNamespace> {
     use std::os::unix::process::CommandExt;
     // STEWARD_SANDBOX_NAMESPACE=0 makes steward act as where the kernel refuses one, to see
     // and test that road (secrets fenced by Landlock, no /tmp).
     if std::env::var("STEWARD_SANDBOX_NAMESPACE").as_deref() == Ok("0") {
-        return Err("turned off by STEWARD_SANDBOX_NAMESPACE=0".into());
+        return Err(NoNamespace::TurnedOff);
     }
     let mut cmd = std::process::Command::new("true");
     cmd.stdin(std::process::Stdio::null())
@@ -38,10 +51,8 @@ fn probe() -> Result<(), String> {
     }
     match cmd.status() {
         Ok(s) if s.success() => Ok(()),
-        Ok(s) => Err(format!("a test step in a mount namespace ended {s}")),
-        Err(e) => Err(format!(
-            "the kernel refused a mount namespace ({e}): steward needs root or CAP_SYS_ADMIN for it"
-        )),
+        Ok(s) => Err(NoNamespace::ProbeFailed(s.to_string())),
+        Err(e) => Err(NoNamespace::Refused(e.to_string())),
     }
 }
 
