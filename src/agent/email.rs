@@ -187,7 +187,7 @@ pub async fn send(
     let transport = match crate::mail::transport(smtp) {
         Ok(t) => t,
         Err(e) => {
-            d.error = Some(e);
+            d.error = Some(e.to_string());
             return d;
         }
     };

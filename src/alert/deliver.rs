@@ -2,6 +2,7 @@
 //! or a webhook POST (reqwest), tried up to [`ATTEMPTS`] times with backoff. Each outcome
 //! is a runlog `alert` line; the channel is named by its label, never by its full URL.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lettre::message::Mailbox;
@@ -138,37 +139,67 @@ pub(super) fn record(log: &RunLog, alert: &Alert, attempt: u32, status: &str, de
     }
 }
 
-async fn email(channel: &NotifyChannel, smtp: Option<&Smtp>, alert: &Alert) -> Result<(), String> {
-    let smtp = smtp.ok_or("smtp not configured ([smtp] in steward.toml)")?;
+/// Why one attempt to deliver an alert failed (the URL and its token never in it).
+#[derive(Debug, thiserror::Error)]
+pub enum Undelivered {
+    #[error("smtp not configured ([smtp] in steward.toml)")]
+    NoSmtp,
+    #[error(transparent)]
+    Transport(#[from] crate::mail::NoTransport),
+    #[error("smtp.from is not an address: {0}")]
+    BadFrom(lettre::address::AddressError),
+    #[error("bad address `{to}`: {error}")]
+    BadTo {
+        to: String,
+        error: lettre::address::AddressError,
+    },
+    #[error("cannot build the message: {0}")]
+    Message(#[from] lettre::error::Error),
+    #[error("{0}")]
+    Smtp(#[from] lettre::transport::smtp::Error),
+    #[error("env var {0} is not set")]
+    UrlUnset(String),
+    #[error("no url")]
+    NoUrl,
+    #[error("cannot build an HTTP client: {0}")]
+    Client(Arc<reqwest::Error>),
+    /// What kind of failure, only: reqwest's own text can quote the URL.
+    #[error("{0}")]
+    Request(String),
+    #[error("the receiver answered {0}")]
+    Answered(reqwest::StatusCode),
+}
+
+async fn email(
+    channel: &NotifyChannel,
+    smtp: Option<&Smtp>,
+    alert: &Alert,
+) -> Result<(), Undelivered> {
+    let smtp = smtp.ok_or(Undelivered::NoSmtp)?;
     let transport = crate::mail::transport(smtp)?;
-    let from: Mailbox = smtp
-        .from
-        .parse()
-        .map_err(|e| format!("smtp.from is not an address: {e}"))?;
+    let from: Mailbox = smtp.from.parse().map_err(Undelivered::BadFrom)?;
     let mut msg = Message::builder()
         .from(from)
         .subject(crate::mail::one_line(&alert.subject(), 200))
         .user_agent(format!("steward/{}", env!("CARGO_PKG_VERSION")));
     for to in &channel.to {
-        msg = msg.to(to.parse().map_err(|e| format!("bad address `{to}`: {e}"))?);
+        msg = msg.to(to.parse().map_err(|error| Undelivered::BadTo {
+            to: to.clone(),
+            error,
+        })?);
     }
-    let msg = msg
-        .body(alert.text())
-        .map_err(|e| format!("cannot build the message: {e}"))?;
-    transport
-        .send(msg)
-        .await
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    let msg = msg.body(alert.text())?;
+    transport.send(msg).await?;
+    Ok(())
 }
 
-async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), String> {
+async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), Undelivered> {
     let url = match (&channel.url, &channel.url_env) {
         (Some(u), _) => u.clone(),
         (None, Some(var)) => {
-            crate::secret::lookup(var).ok_or_else(|| format!("env var {var} is not set"))?
+            crate::secret::lookup(var).ok_or_else(|| Undelivered::UrlUnset(var.clone()))?
         }
-        (None, None) => return Err("no url".into()),
+        (None, None) => return Err(Undelivered::NoUrl),
     };
     let client = client()?;
     // The same id on every attempt, before and after a restart: a receiver drops repeats.
@@ -200,18 +231,21 @@ async fn webhook(channel: &NotifyChannel, alert: &Alert) -> Result<(), String> {
             .body(alert.text()),
     };
     // The error's own text can quote the URL (and its token): say only what kind it was.
-    let resp = req.send().await.map_err(|e| describe(&e))?;
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| Undelivered::Request(describe(&e)))?;
     if resp.status().is_success() {
         Ok(())
     } else {
-        Err(format!("the receiver answered {}", resp.status()))
+        Err(Undelivered::Answered(resp.status()))
     }
 }
 
 /// One HTTP client for every webhook delivery: building one reads the system's root
 /// certificates, too much to do per attempt.
-fn client() -> Result<&'static reqwest::Client, String> {
-    static CLIENT: std::sync::OnceLock<Result<reqwest::Client, String>> =
+fn client() -> Result<&'static reqwest::Client, Undelivered> {
+    static CLIENT: std::sync::OnceLock<Result<reqwest::Client, Arc<reqwest::Error>>> =
         std::sync::OnceLock::new();
     CLIENT
         .get_or_init(|| {
@@ -219,10 +253,10 @@ fn client() -> Result<&'static reqwest::Client, String> {
                 .timeout(WEBHOOK_TIMEOUT)
                 .user_agent(concat!("steward/", env!("CARGO_PKG_VERSION")))
                 .build()
-                .map_err(|e| format!("cannot build an HTTP client: {e}"))
+                .map_err(Arc::new)
         })
         .as_ref()
-        .map_err(Clone::clone)
+        .map_err(|e| Undelivered::Client(e.clone()))
 }
 
 fn describe(e: &reqwest::Error) -> String {
