@@ -165,7 +165,7 @@ pub async fn run<F, Fut>(
             let payload = match read_item(&item) {
                 Ok(p) => p,
                 Err(reason) => {
-                    reject(&state, &queue, &item, &reason);
+                    reject(&state, &queue, &item, &reason.to_string());
                     continue;
                 }
             };
@@ -199,36 +199,43 @@ pub async fn run<F, Fut>(
     }
 }
 
-fn read_item(item: &Path) -> Result<Value, String> {
+/// Why a queue item was refused (moved to `rejected/` with this beside it).
+#[derive(Debug, thiserror::Error)]
+pub enum BadItem {
+    #[error("cannot read: {0}")]
+    Unreadable(#[from] std::io::Error),
+    #[error("not a regular file")]
+    NotAFile,
+    #[error("item is {0} bytes; at most {MAX_ITEM_BYTES}")]
+    TooLarge(u64),
+    #[error("not JSON: {0}")]
+    NotJson(#[from] serde_json::Error),
+}
+
+fn read_item(item: &Path) -> Result<Value, BadItem> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     // O_NOFOLLOW: an item swapped for a symlink since it was listed is refused, not read.
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(item)
-        .map_err(|e| format!("cannot read: {e}"))?;
-    let meta = file.metadata().map_err(|e| format!("cannot read: {e}"))?;
+        .open(item)?;
+    let meta = file.metadata()?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(BadItem::NotAFile);
     }
     if meta.len() > MAX_ITEM_BYTES {
-        return Err(format!(
-            "item is {} bytes; at most {MAX_ITEM_BYTES}",
-            meta.len()
-        ));
+        return Err(BadItem::TooLarge(meta.len()));
     }
     let mut bytes = Vec::new();
-    file.take(MAX_ITEM_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read: {e}"))?;
+    file.take(MAX_ITEM_BYTES + 1).read_to_end(&mut bytes)?;
     decode_item(&bytes)
 }
 
 /// A queue item's payload: any JSON value. Never panics, whatever the bytes (a fuzz
 /// target holds it to that); the size cap is applied before the bytes are read.
-pub fn decode_item(bytes: &[u8]) -> Result<Value, String> {
-    serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))
+pub fn decode_item(bytes: &[u8]) -> Result<Value, BadItem> {
+    Ok(serde_json::from_slice(bytes)?)
 }
 
 #[cfg(test)]
