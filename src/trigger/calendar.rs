@@ -186,13 +186,18 @@ fn first_change(tz: Tz, from: DateTime<Utc>, until: DateTime<Utc>) -> Option<Dat
     None
 }
 
+/// A cron expression steward cannot read: the field at fault and what it takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadCron(String);
+
 impl Calendar {
     /// Parses `expr` (5 fields, 6 with seconds first, 7 with a year last, or a nickname).
     /// The error names the field at fault and what it takes.
-    pub fn parse(expr: &str, tz: Tz) -> Result<Calendar, String> {
+    pub fn parse(expr: &str, tz: Tz) -> Result<Calendar, BadCron> {
         let cron = parser()
             .parse(expr.trim())
-            .map_err(|e| explain(expr.trim(), e))?;
+            .map_err(|e| BadCron(explain(expr.trim(), e)))?;
         Ok(Calendar {
             cron,
             tz,
@@ -394,7 +399,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        let err = |e: &str| Calendar::parse(e, Tz::UTC).unwrap_err();
+        let err = |e: &str| Calendar::parse(e, Tz::UTC).unwrap_err().to_string();
         assert!(err("0 25 * * *").contains("the hour field `25`"));
         assert!(err("61 * * * *").contains("the minute field `61`"));
         assert!(err("0 0 32 * *").contains("the day-of-month field `32`"));

@@ -59,9 +59,9 @@ impl Schedule {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ScheduleError {
     #[error("schedule.cron: {0}")]
-    Cron(String),
+    Cron(super::calendar::BadCron),
     #[error("{0}")]
-    Timezone(String),
+    Timezone(BadZone),
     #[error("{0}")]
     Catchup(String),
     #[error("schedule.cron `{0}` never fires (no date matches it)")]
@@ -230,11 +230,14 @@ impl Schedule {
     }
 }
 
+/// A time zone name that is not an IANA one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("schedule.timezone `{0}` is not an IANA time zone (e.g. Europe/Berlin, UTC)")]
+pub struct BadZone(String);
+
 /// An IANA zone name, or an error saying what was expected.
-pub fn parse_zone(name: &str) -> Result<Tz, String> {
-    Tz::from_str(name).map_err(|_| {
-        format!("schedule.timezone `{name}` is not an IANA time zone (e.g. Europe/Berlin, UTC)")
-    })
+pub fn parse_zone(name: &str) -> Result<Tz, BadZone> {
+    Tz::from_str(name).map_err(|_| BadZone(name.to_string()))
 }
 
 /// Called with each slot as it comes due.
