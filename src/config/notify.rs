@@ -190,7 +190,7 @@ impl NotifyChannel {
                 )),
                 (Some(url), None) => {
                     if let Err(e) = check_url(url) {
-                        out.push(("url", e));
+                        out.push(("url", e.to_string()));
                     }
                 }
                 (None, Some(_)) => {}
@@ -200,15 +200,22 @@ impl NotifyChannel {
     }
 }
 
+/// Why a webhook channel's `url` cannot be used (its path and query never shown).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadUrl {
+    /// The URL as [`redact_url`] shows it.
+    #[error("`{0}` is not an http(s) URL")]
+    NotHttp(String),
+    #[error("not a URL: {0}")]
+    Unparsable(String),
+}
+
 /// An http or https URL, or why not.
-pub fn check_url(url: &str) -> Result<(), String> {
+pub fn check_url(url: &str) -> Result<(), BadUrl> {
     match reqwest::Url::parse(url) {
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
-        Ok(u) => Err(format!(
-            "`{}` is not an http(s) URL",
-            redact_url(u.as_str())
-        )),
-        Err(e) => Err(format!("not a URL: {e}")),
+        Ok(u) => Err(BadUrl::NotHttp(redact_url(u.as_str()))),
+        Err(e) => Err(BadUrl::Unparsable(e.to_string())),
     }
 }
 

@@ -249,14 +249,23 @@ fn run_headers(format: Format, headers: &HeaderMap) -> Value {
     Value::Object(map)
 }
 
+/// A `webhook_listen` that is not an address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("webhook_listen `{given}` is not an address like 127.0.0.1:8787: {error}")]
+pub struct BadListen {
+    given: String,
+    error: std::net::AddrParseError,
+}
+
 /// The address to bind: `webhook_listen` from steward.toml, loopback by default.
-pub fn listen_addr(configured: Option<&str>) -> Result<SocketAddr, String> {
-    configured.unwrap_or(DEFAULT_LISTEN).parse().map_err(|e| {
-        format!(
-            "webhook_listen `{}` is not an address like 127.0.0.1:8787: {e}",
-            configured.unwrap_or("")
-        )
-    })
+pub fn listen_addr(configured: Option<&str>) -> Result<SocketAddr, BadListen> {
+    configured
+        .unwrap_or(DEFAULT_LISTEN)
+        .parse()
+        .map_err(|error| BadListen {
+            given: configured.unwrap_or("").to_string(),
+            error,
+        })
 }
 
 #[cfg(test)]
