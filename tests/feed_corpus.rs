@@ -205,7 +205,11 @@ fn feeds_of_every_kind_are_recognised_and_non_feeds_refused() {
         match name.as_str() {
             "unknown_feed.xml" | "empty_feed.xml" | "invalid.json" => {
                 let err = got.expect_err(&name);
-                assert!(err.starts_with("not a feed"), "{name}: {err}");
+                assert!(
+                    matches!(err, steward::agent::feed::FeedError::NotAFeed(_)),
+                    "{name}: {err}"
+                );
+                assert!(err.to_string().starts_with("not a feed"), "{name}: {err}");
             }
             // Feed-level fixtures (most have no entries): what matters is they are read,
             // a byte-order mark and leading blank lines included.

@@ -206,7 +206,7 @@ impl<'a> Lifecycle<'a> {
                     });
                     self.out.failures.push(Failure {
                         source: s.name.clone(),
-                        reason,
+                        reason: reason.to_string(),
                     });
                 }
             }

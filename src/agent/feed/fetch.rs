@@ -23,6 +23,38 @@ pub struct Validators {
     pub last_modified: Option<String>,
 }
 
+/// Why a source could not be read: the reason a digest shows for it.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    #[error("http client: {0}")]
+    Client(reqwest::Error),
+    #[error("timed out after {0:.0}s")]
+    TimedOut(f64),
+    #[error("cannot connect")]
+    CannotConnect,
+    #[error("more than {MAX_REDIRECTS} redirects")]
+    Redirects,
+    #[error("fetch failed: {0}")]
+    Fetch(reqwest::Error),
+    #[error("HTTP {0}")]
+    Status(u16),
+    #[error("larger than {} MiB", MAX_FEED_BYTES >> 20)]
+    TooLarge,
+    #[error("cannot read {path}: {error}")]
+    Unreadable {
+        path: std::path::PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{0}")]
+    Command(String),
+    #[error("command exited with {0}")]
+    CommandFailed(i32),
+    #[error("no url, path or command")]
+    NoSource,
+    #[error("not a feed ({0})")]
+    NotAFeed(feed_rs::parser::ParseFeedError),
+}
+
 /// An HTTP answer: the body (None for 304 Not Modified) and what to remember.
 pub struct HttpAnswer {
     pub body: Option<Vec<u8>>,
@@ -36,7 +68,7 @@ pub async fn http(
     url: &str,
     timeout: Duration,
     sent: Option<&Validators>,
-) -> Result<HttpAnswer, String> {
+) -> Result<HttpAnswer, FeedError> {
     let moved = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
     let policy = {
         let moved = moved.clone();
@@ -65,16 +97,16 @@ pub async fn http(
         ))
         .redirect(policy)
         .build()
-        .map_err(|e| format!("http client: {e}"))?;
+        .map_err(FeedError::Client)?;
     let fail = |e: reqwest::Error| {
         if e.is_timeout() {
-            format!("timed out after {:.0}s", timeout.as_secs_f64())
+            FeedError::TimedOut(timeout.as_secs_f64())
         } else if e.is_connect() {
-            "cannot connect".to_string()
+            FeedError::CannotConnect
         } else if e.is_redirect() {
-            format!("more than {MAX_REDIRECTS} redirects")
+            FeedError::Redirects
         } else {
-            format!("fetch failed: {e}")
+            FeedError::Fetch(e)
         }
     };
     let mut request = client.get(url);
@@ -104,7 +136,7 @@ pub async fn http(
         });
     }
     if !resp.status().is_success() {
-        return Err(format!("HTTP {}", resp.status().as_u16()));
+        return Err(FeedError::Status(resp.status().as_u16()));
     }
     let charset = header(reqwest::header::CONTENT_TYPE).and_then(|t| charset_of(&t));
     let validators = Validators {
@@ -115,7 +147,7 @@ pub async fn http(
     while let Some(chunk) = resp.chunk().await.map_err(fail)? {
         body.extend_from_slice(&chunk);
         if body.len() > MAX_FEED_BYTES {
-            return Err(format!("larger than {} MiB", MAX_FEED_BYTES >> 20));
+            return Err(FeedError::TooLarge);
         }
     }
     Ok(HttpAnswer {
@@ -126,28 +158,31 @@ pub async fn http(
     })
 }
 
-pub fn file(path: &Path) -> Result<Vec<u8>, String> {
-    let f =
-        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+pub fn file(path: &Path) -> Result<Vec<u8>, FeedError> {
+    let unreadable = |error| FeedError::Unreadable {
+        path: path.to_path_buf(),
+        error,
+    };
+    let f = std::fs::File::open(path).map_err(unreadable)?;
     let mut bytes = Vec::new();
     f.take(MAX_FEED_BYTES as u64 + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(unreadable)?;
     if bytes.len() > MAX_FEED_BYTES {
-        return Err(format!("larger than {} MiB", MAX_FEED_BYTES >> 20));
+        return Err(FeedError::TooLarge);
     }
     Ok(bytes)
 }
 
-pub async fn command(argv: &[String], cwd: &Path, timeout: Duration) -> Result<Vec<u8>, String> {
+pub async fn command(argv: &[String], cwd: &Path, timeout: Duration) -> Result<Vec<u8>, FeedError> {
     let out = crate::helper::run(argv, cwd, None, timeout)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| FeedError::Command(e.to_string()))?;
     if out.code != 0 {
-        return Err(format!("command exited with {}", out.code));
+        return Err(FeedError::CommandFailed(out.code));
     }
     if out.stdout.len() > MAX_FEED_BYTES {
-        return Err(format!("larger than {} MiB", MAX_FEED_BYTES >> 20));
+        return Err(FeedError::TooLarge);
     }
     Ok(out.stdout)
 }

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::config::agent::{Source, SourceKind};
 
 pub use charset::{decode, Basis, Decoded};
-pub use fetch::{Validators, MAX_FEED_BYTES};
+pub use fetch::{FeedError, Validators, MAX_FEED_BYTES};
 pub use text::{clean, html_to_text};
 
 const MAX_TITLE: usize = 200;
@@ -58,7 +58,7 @@ pub async fn fetch(
     base: &Path,
     max_items: usize,
     sent: Option<&Validators>,
-) -> Result<Fetched, String> {
+) -> Result<Fetched, FeedError> {
     let mut fetched = Fetched::default();
     let mut charset = None;
     let bytes = match (&source.url, &source.path, &source.command) {
@@ -77,7 +77,7 @@ pub async fn fetch(
         }
         (_, Some(path), _) => fetch::file(&base.join(path))?,
         (_, _, Some(cmd)) => fetch::command(cmd, base, source.timeout()).await?,
-        _ => return Err("no url, path or command".into()),
+        _ => return Err(FeedError::NoSource),
     };
     fetched.items = parse(source, &bytes, charset.as_deref(), max_items)?;
     Ok(fetched)
@@ -90,7 +90,7 @@ pub fn parse(
     bytes: &[u8],
     http_charset: Option<&str>,
     max_items: usize,
-) -> Result<Vec<Item>, String> {
+) -> Result<Vec<Item>, FeedError> {
     let document = decode(bytes, http_charset);
     if document.basis == Basis::Detected && document.encoding != "UTF-8" {
         tracing::debug!(source = %source.name, encoding = document.encoding, "encoding guessed");
@@ -104,7 +104,7 @@ pub fn parse(
         .build();
     let feed = parser
         .parse(document.text.as_bytes())
-        .map_err(|e| format!("not a feed ({e})"))?;
+        .map_err(FeedError::NotAFeed)?;
     if matches!(
         source.kind,
         SourceKind::Rss | SourceKind::Atom | SourceKind::Json
