@@ -148,10 +148,7 @@ fn sigkilled_daemon_commits_every_item_once_or_lists_it() {
             .commit(COMMIT),
     );
     env.live_workflow(
-        // Files run side by side: with the queue's run, three and more in flight, so
-        // their flushes are gathered (the store waits for the others to ask).
         &Spec::new("crashf", MAKER)
-            .top("overlap = \"allow_all\"")
             .trigger(&format!(
                 "file = {{ path = \"{}\", pattern = \"*.item\", debounce_ms = 50 }}",
                 drop.display()

@@ -50,19 +50,12 @@ impl Drop for Ready {
 /// dropped, the maker starts again from a new base, and this step makes its own.
 pub fn take(masks: &'static [Mask]) -> Option<Ready> {
     let pool = POOL.get_or_init(|| start(masks)).as_ref()?;
-    let mut stock = pool.lock();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while stock.made == 0 && !stock.stopped {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        stock = pool
-            .stocked
-            .wait_timeout(stock, left)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
-    }
+    let (mut stock, _) = pool
+        .stocked
+        .wait_timeout_while(pool.lock(), std::time::Duration::from_secs(2), |s| {
+            s.made == 0 && !s.stopped
+        })
+        .unwrap_or_else(|p| p.into_inner());
     // Only here is mountinfo polled: a poll reports a change once.
     if mounts_changed(&pool.mountinfo) || !std::ptr::eq(stock.masks, masks) {
         stock.generation += 1;

@@ -14,7 +14,7 @@
 //! the triggers and the control socket; a run's own durable points go to the blocking pool.
 
 use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The longest a flush waits for other runs to ask for it too.
 pub const GATHER: Duration = Duration::from_micros(500);
@@ -104,19 +104,11 @@ impl GroupFlush {
         mut s: std::sync::MutexGuard<'a, State>,
         others: usize,
     ) -> std::sync::MutexGuard<'a, State> {
-        let deadline = Instant::now() + self.gather;
         s.gathering = true;
-        while s.asked - s.flushed <= others as u64 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            s = self
-                .done
-                .wait_timeout(s, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        let (mut s, _) = self
+            .done
+            .wait_timeout_while(s, self.gather, |s| s.asked - s.flushed <= others as u64)
+            .unwrap_or_else(|p| p.into_inner());
         s.gathering = false;
         s
     }
