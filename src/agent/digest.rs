@@ -69,7 +69,7 @@ pub struct Failure {
 const DIGEST_FUEL: u64 = 20_000_000;
 
 /// Renders the digest. `custom` is an override template's text, if the agent has one.
-pub fn render(input: &serde_json::Value, custom: Option<&str>) -> Result<String, String> {
+pub fn render(input: &serde_json::Value, custom: Option<&str>) -> Result<String, RenderError> {
     let mut env = Environment::new();
     // Bounded like every template steward runs: a loop in an override template ends in
     // an error, not a step that spins until its runtime cap.
@@ -77,20 +77,31 @@ pub fn render(input: &serde_json::Value, custom: Option<&str>) -> Result<String,
     env.add_filter("md", escape_markdown);
     env.add_filter("md_url", escape_url);
     env.add_template("digest.md", DEFAULT_TEMPLATE)
-        .map_err(|e| format!("digest template: {e}"))?;
+        .map_err(RenderError::Default)?;
     let name = match custom {
         Some(text) => {
             env.add_template_owned("custom.md", text.to_string())
-                .map_err(|e| format!("override template: {e}"))?;
+                .map_err(RenderError::Override)?;
             "custom.md"
         }
         None => "digest.md",
     };
-    let tmpl = env
-        .get_template(name)
-        .map_err(|e| format!("template: {e}"))?;
-    tmpl.render(input)
-        .map_err(|e| format!("cannot render the digest: {e}"))
+    let tmpl = env.get_template(name).map_err(RenderError::Lookup)?;
+    tmpl.render(input).map_err(RenderError::Render)
+}
+
+/// Why a digest could not be rendered: a template that does not parse, or one that fails
+/// (or runs out of fuel) while rendering.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("digest template: {0}")]
+    Default(minijinja::Error),
+    #[error("override template: {0}")]
+    Override(minijinja::Error),
+    #[error("template: {0}")]
+    Lookup(minijinja::Error),
+    #[error("cannot render the digest: {0}")]
+    Render(minijinja::Error),
 }
 
 /// Text from a feed, made inert in markdown: every character that could open a link, a

@@ -13,16 +13,24 @@ use sha2::{Digest as _, Sha256};
 
 use crate::config::Smtp;
 
-/// Recipients from the distribution list, display names kept (`Ada <ada@example.org>`);
-/// Err is the `email_failed=` reason.
-pub fn recipients(vault: &Path) -> Result<Vec<String>, String> {
+/// Why a digest has no one to mail; its words are the `email_failed=` reason.
+#[derive(Debug, thiserror::Error)]
+pub enum NoRecipients {
+    #[error("distribution list missing")]
+    Missing,
+    #[error("distribution list unreadable: {0}")]
+    Unreadable(std::io::Error),
+    #[error("distribution list empty")]
+    Empty,
+}
+
+/// Recipients from the distribution list, display names kept (`Ada <ada@example.org>`).
+pub fn recipients(vault: &Path) -> Result<Vec<String>, NoRecipients> {
     let path = vault.join("_config").join("email-distribution.md");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err("distribution list missing".into())
-        }
-        Err(e) => return Err(format!("distribution list unreadable: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(NoRecipients::Missing),
+        Err(e) => return Err(NoRecipients::Unreadable(e)),
     };
     let mut out: Vec<(String, Mailbox)> = Vec::new();
     for line in text.lines() {
@@ -43,7 +51,7 @@ pub fn recipients(vault: &Path) -> Result<Vec<String>, String> {
         }
     }
     if out.is_empty() {
-        return Err("distribution list empty".into());
+        return Err(NoRecipients::Empty);
     }
     Ok(out.into_iter().map(|(_, m)| m.to_string()).collect())
 }
@@ -278,17 +286,15 @@ mod tests {
     #[test]
     fn recipients_are_parsed_from_a_markdown_list() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(
-            recipients(dir.path()),
-            Err("distribution list missing".into())
-        );
+        let missing = recipients(dir.path()).unwrap_err();
+        assert!(matches!(missing, NoRecipients::Missing), "{missing:?}");
+        assert_eq!(missing.to_string(), "distribution list missing");
         std::fs::create_dir_all(dir.path().join("_config")).unwrap();
         let list = dir.path().join("_config/email-distribution.md");
         std::fs::write(&list, "# Digest readers\n\nNobody yet.\n").unwrap();
-        assert_eq!(
-            recipients(dir.path()),
-            Err("distribution list empty".into())
-        );
+        let empty = recipients(dir.path()).unwrap_err();
+        assert!(matches!(empty, NoRecipients::Empty), "{empty:?}");
+        assert_eq!(empty.to_string(), "distribution list empty");
         std::fs::write(&list, "- Ada <ada@example.org>\n- bob@example.org (ops)\n* `carol@example.org`\n- ada@example.org again\n").unwrap();
         assert_eq!(
             recipients(dir.path()).unwrap(),

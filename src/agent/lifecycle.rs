@@ -16,6 +16,7 @@ use super::output::{report, RunOutput};
 use super::seen::{Novelty, Seen};
 use crate::config::agent::{Agent, Source};
 use crate::config::Config;
+use crate::helper::HelperError;
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct LastRun {
@@ -128,7 +129,7 @@ impl<'a> Lifecycle<'a> {
         report("load_conventions", "ok", &format!("{shown} ({n} files)"));
         match email::recipients(&self.vault) {
             Ok(r) => self.out.recipients = r,
-            Err(e) => self.out.recipients_error = Some(e),
+            Err(e) => self.out.recipients_error = Some(e.to_string()),
         }
     }
 
@@ -260,10 +261,10 @@ impl<'a> Lifecycle<'a> {
             ),
             Some(Ok(c)) => report("extract_claims", "ok", &format!("{} claims", c.len())),
             Some(Err(e)) => {
-                report("extract_claims", "failed", e);
+                report("extract_claims", "failed", &e.to_string());
                 self.out.failures.push(Failure {
                     source: "extract_claims".into(),
-                    reason: e.clone(),
+                    reason: e.to_string(),
                 });
             }
         }
@@ -370,7 +371,7 @@ impl<'a> Lifecycle<'a> {
         let text = match digest::render(input, custom.as_deref()) {
             Ok(t) => t,
             Err(e) => {
-                report("write_digest", "failed", &e);
+                report("write_digest", "failed", &e.to_string());
                 eprintln!("{e}");
                 return Err(Stopped);
             }
@@ -496,16 +497,28 @@ async fn extract_claims(
     agent: &Agent,
     cwd: &Path,
     items: &[(Item, Novelty)],
-) -> Option<Result<ClaimList, String>> {
+) -> Option<Result<ClaimList, ClaimsError>> {
     let cmd = agent.claims.extract.as_ref()?;
     let input =
         serde_json::to_vec(&items.iter().map(|(i, _)| i).collect::<Vec<_>>()).unwrap_or_default();
     Some(match run_json(cmd, cwd, &input).await {
-        Ok((0, stdout)) => serde_json::from_slice::<ClaimList>(&stdout)
-            .map_err(|e| format!("claims are not a JSON list: {e}")),
-        Ok((code, _)) => Err(format!("extract command exited {code}")),
-        Err(e) => Err(e),
+        Ok((0, stdout)) => {
+            serde_json::from_slice::<ClaimList>(&stdout).map_err(ClaimsError::NotAList)
+        }
+        Ok((code, _)) => Err(ClaimsError::Exited(code)),
+        Err(e) => Err(ClaimsError::Helper(e)),
     })
+}
+
+/// Why an agent's claim extraction gave no claims.
+#[derive(Debug, thiserror::Error)]
+enum ClaimsError {
+    #[error("claims are not a JSON list: {0}")]
+    NotAList(serde_json::Error),
+    #[error("extract command exited {0}")]
+    Exited(i32),
+    #[error(transparent)]
+    Helper(#[from] HelperError),
 }
 
 async fn verify_claims(agent: &Agent, cwd: &Path, claims: &[Value]) -> (usize, Vec<Failure>) {
@@ -539,9 +552,11 @@ async fn verify_claims(agent: &Agent, cwd: &Path, claims: &[Value]) -> (usize, V
 /// Claim commands get five minutes each.
 const CLAIM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
-async fn run_json(argv: &[String], cwd: &Path, input: &[u8]) -> Result<(i32, Vec<u8>), String> {
-    let out = crate::helper::run(argv, cwd, Some(input), CLAIM_TIMEOUT)
-        .await
-        .map_err(|e| e.to_string())?;
+async fn run_json(
+    argv: &[String],
+    cwd: &Path,
+    input: &[u8],
+) -> Result<(i32, Vec<u8>), HelperError> {
+    let out = crate::helper::run(argv, cwd, Some(input), CLAIM_TIMEOUT).await?;
     Ok((out.code, out.stdout))
 }

@@ -51,7 +51,9 @@ impl Cluster {
             servers: servers.clone(),
             why,
         };
-        let options = options(settings, &daemon).await.map_err(connect_error)?;
+        let options = options(settings, &daemon)
+            .await
+            .map_err(|e| connect_error(e.to_string()))?;
         let addrs: Vec<async_nats::ServerAddr> = settings
             .servers
             .iter()
@@ -150,16 +152,32 @@ impl RecordBuckets {
     }
 }
 
+/// A credentials file named in the environment that cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{var} {path}: {source}")]
+struct BadCredentials {
+    var: &'static str,
+    path: String,
+    source: std::io::Error,
+}
+
 /// The client's options: credentials from the environment, TLS as configured, and a
 /// name the server's monitoring shows.
-async fn options(settings: &Settings, daemon: &str) -> Result<async_nats::ConnectOptions, String> {
+async fn options(
+    settings: &Settings,
+    daemon: &str,
+) -> Result<async_nats::ConnectOptions, BadCredentials> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let unreadable = |var, path: &str| {
+        let path = path.to_string();
+        move |source| BadCredentials { var, path, source }
+    };
     let mut options = if let Some(path) = env("NATS_CREDS") {
         async_nats::ConnectOptions::with_credentials_file(&path)
             .await
-            .map_err(|e| format!("NATS_CREDS {path}: {e}"))?
+            .map_err(unreadable("NATS_CREDS", &path))?
     } else if let Some(path) = env("NATS_NKEY") {
-        let seed = std::fs::read_to_string(&path).map_err(|e| format!("NATS_NKEY {path}: {e}"))?;
+        let seed = std::fs::read_to_string(&path).map_err(unreadable("NATS_NKEY", &path))?;
         async_nats::ConnectOptions::with_nkey(seed.trim().to_string())
     } else if let Some(token) = env("NATS_TOKEN") {
         async_nats::ConnectOptions::with_token(token)

@@ -40,6 +40,17 @@ fn limit_fields(provider: Provider, endpoint: &str) -> &'static [&'static str] {
     }
 }
 
+/// Why a request's worst case cannot be reserved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unreservable {
+    #[error(
+        "the run's token budget has {left} left, and this request's input alone may take up to {input}"
+    )]
+    InputPastBudget { left: u64, input: u64 },
+    #[error("the request is not a JSON object")]
+    NotAnObject,
+}
+
 /// Reserves `request`'s worst case within `tokens_left`, lowering (or setting) its output
 /// limit so the provider cannot generate past the budget. Err says why the budget cannot
 /// cover even the input.
@@ -49,17 +60,18 @@ pub fn prepare(
     request: &mut Value,
     request_bytes: usize,
     tokens_left: u64,
-) -> Result<Reservation, String> {
+) -> Result<Reservation, Unreservable> {
     let input = (request_bytes as u64).div_ceil(2);
     if input >= tokens_left {
-        return Err(format!(
-            "the run's token budget has {tokens_left} left, and this request's input alone may take up to {input}"
-        ));
+        return Err(Unreservable::InputPastBudget {
+            left: tokens_left,
+            input,
+        });
     }
     let room = tokens_left - input;
     let fields = limit_fields(provider, endpoint);
     let Some(obj) = request.as_object_mut() else {
-        return Err("the request is not a JSON object".into());
+        return Err(Unreservable::NotAnObject);
     };
     let asked = fields.iter().filter_map(|f| obj.get(*f)?.as_u64()).min();
     let output = asked.map_or(room, |a| a.min(room));
@@ -132,7 +144,7 @@ pub fn within(
                     ),
                 )
             } else {
-                (Cap::Tokens, input as f64, why)
+                (Cap::Tokens, input as f64, why.to_string())
             };
             Err(Refusal {
                 provider,
@@ -220,7 +232,14 @@ mod tests {
     fn a_budget_that_cannot_cover_the_input_refuses_the_call() {
         let mut req = json!({"model": "m"});
         let e = prepare(Provider::Openai, "chat/completions", &mut req, 2000, 1000).unwrap_err();
-        assert!(e.contains("1000 left"), "{e}");
+        assert_eq!(
+            e,
+            Unreservable::InputPastBudget {
+                left: 1000,
+                input: 1000
+            }
+        );
+        assert!(e.to_string().contains("1000 left"), "{e}");
     }
 
     fn call(usage: Option<Usage>, tool_calls: u64) -> Metered {

@@ -17,6 +17,7 @@ use crate::gateway::{Call, Provider};
 use crate::metrics::ModelCallFigures;
 use crate::redact::Redactor;
 use crate::runlog::Entry;
+use crate::secret::SecretMissing;
 use crate::step::{Metered, Metering, StepKind};
 use crate::store::{ModelSpend, RunRecord};
 
@@ -38,6 +39,24 @@ fn var_names(provider: Provider) -> (&'static str, &'static str) {
     }
 }
 
+/// Why a step that calls models through the gateway cannot have it: the step does not
+/// start.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NoGateway {
+    #[error("the workflow has no [gateway]")]
+    NotConfigured,
+    #[error(
+        "this workflow calls models through the gateway ([gateway]), and no gateway is running here"
+    )]
+    NotRunning,
+    #[error("the step has no budget to meter its model calls against")]
+    NoBudget,
+    #[error(transparent)]
+    Upstream(#[from] SecretMissing),
+    #[error("cannot issue the step's gateway key: {0}")]
+    Key(std::io::Error),
+}
+
 impl Engine {
     /// Issues `kind`'s key for the run and wires its calls to `guard`. Err says why the
     /// step cannot have the gateway (none running, a real key missing).
@@ -49,15 +68,12 @@ impl Engine {
         guard: &BudgetGuard,
         redactor: &Redactor,
         spend: Arc<Mutex<ModelSpend>>,
-    ) -> Result<GatewayStep, String> {
+    ) -> Result<GatewayStep, NoGateway> {
         let Some(using) = &wf.gateway else {
-            return Err("the workflow has no [gateway]".into());
+            return Err(NoGateway::NotConfigured);
         };
         let Some(gateway) = &self.gateway else {
-            return Err(
-                "this workflow calls models through the gateway ([gateway]), and no gateway is running here"
-                    .into(),
-            );
+            return Err(NoGateway::NotRunning);
         };
         let upstreams = upstreams(using)?;
         let (charges_tx, charges) = tokio::sync::mpsc::unbounded_channel();
@@ -96,7 +112,7 @@ impl Engine {
                 log_bodies: using.log_bodies,
                 sink,
             })
-            .map_err(|e| format!("cannot issue the step's gateway key: {e}"))?;
+            .map_err(NoGateway::Key)?;
         let mut vars = Vec::new();
         for provider in &using.providers {
             let (base, key) = var_names(*provider);
@@ -118,7 +134,7 @@ impl Engine {
 /// The real upstreams of a workflow's providers, their keys read from the daemon's
 /// environment (or systemd credentials) now, so a key rotated there takes effect at the
 /// next step.
-fn upstreams(using: &GatewayUse) -> Result<Vec<(Provider, Upstream)>, String> {
+fn upstreams(using: &GatewayUse) -> Result<Vec<(Provider, Upstream)>, SecretMissing> {
     using
         .upstreams
         .iter()
@@ -128,7 +144,7 @@ fn upstreams(using: &GatewayUse) -> Result<Vec<(Provider, Upstream)>, String> {
                 u.provider.name(),
                 u.key_env
             );
-            let key = crate::secret::require(&u.key_env, &what).map_err(|e| e.to_string())?;
+            let key = crate::secret::require(&u.key_env, &what)?;
             Ok((
                 u.provider,
                 Upstream {

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::env::{scratch_dir, scrub, StepEnv};
+use super::gateway::NoGateway;
 use super::outcome::verdict_of;
 use super::{Engine, Result};
 use crate::budget::BudgetGuard;
@@ -44,11 +45,11 @@ impl Engine {
         if kind != StepKind::Commit && wf.gateway.is_some() {
             let opened = match guard.as_deref() {
                 Some(g) => self.open_gateway(wf, rec, kind, g, &env.redactor, spend.clone()),
-                None => Err("the step has no budget to meter its model calls against".into()),
+                None => Err(NoGateway::NoBudget),
             };
             match opened {
                 Ok(g) => gateway = Some(g),
-                Err(why) => return self.not_started(rec, kind, why, env),
+                Err(why) => return self.not_started(rec, kind, why.to_string(), env),
             }
         }
         let confinement = if kind != StepKind::Commit && wf.sandbox.enabled {
