@@ -250,15 +250,18 @@ fn tampering_with_a_stored_event_is_named_by_verify() {
     advance(&env, "t1", "d", true);
     assert_eq!(env.steward(&["case", "verify", "t1"]).code, 0);
     {
-        let (store, _) = steward::store::Store::open(&env.state).unwrap();
-        let events = store.case_events("t1").unwrap();
-        let (v, bytes) = &events[2];
-        let mut e: Value = serde_json::from_slice(bytes).unwrap();
+        // Tampering as someone with the state folder would: the database edited in place,
+        // not through steward (its case events are keyed `case\0version`, big-endian).
+        let db = sled::open(env.state.join("store")).unwrap();
+        let events = db.open_tree("case_events").unwrap();
+        let mut key = b"t1\0".to_vec();
+        key.extend_from_slice(&3u64.to_be_bytes());
+        let bytes = events.get(&key).unwrap().expect("the case has an event 3");
+        let mut e: Value = serde_json::from_slice(&bytes).unwrap();
         e["data"]["spend_usd"] = serde_json::json!(0.0001);
         e["data"]["state"] = serde_json::json!("forged");
-        store
-            .overwrite_case_event_for_tests("t1", *v, &serde_json::to_vec(&e).unwrap())
-            .unwrap();
+        events.insert(key, serde_json::to_vec(&e).unwrap()).unwrap();
+        db.flush().unwrap();
     }
     let out = env.steward(&["case", "verify", "t1"]);
     assert_eq!(out.code, 1, "{out}");

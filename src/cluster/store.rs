@@ -713,11 +713,6 @@ impl Backend for MemberStore {
         })
     }
 
-    fn overwrite_case_event_for_tests(&self, case: &str, version: u64, event: &[u8]) -> Result<()> {
-        self.local
-            .overwrite_case_event_for_tests(case, version, event)
-    }
-
     fn case_ids(&self) -> Result<Vec<String>> {
         self.call(|c| async move { c.case_ids().await })
     }

@@ -486,10 +486,6 @@ pub trait Backend: Send + Sync {
     /// Ok(false) is a version conflict, someone else appended first. Flushed when Ok(true).
     fn append_case_event(&self, case: &str, version: u64, event: &[u8]) -> Result<bool>;
 
-    /// Overwrites a stored event as is. Only for tests of tamper detection.
-    #[doc(hidden)]
-    fn overwrite_case_event_for_tests(&self, case: &str, version: u64, event: &[u8]) -> Result<()>;
-
     /// Every case id with at least one event.
     fn case_ids(&self) -> Result<Vec<String>>;
 
