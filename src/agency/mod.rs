@@ -14,7 +14,10 @@
 //! limits, planner, roster, the lease), `member` (the member's governed run).
 
 pub mod case;
+mod limits;
 mod member;
+mod outcome;
+mod planner;
 pub mod turn;
 
 pub use crate::config::agency::Agency;
@@ -22,4 +25,6 @@ pub use case::{
     approve, decode, fold, load, open, verify_chain, BrokenCase, Case, CaseError, CaseStatus,
     Dispatch, Event, Receipt,
 };
-pub use turn::{advance, render, Proposal, Turn, TurnStatus, SCHEMA};
+pub use outcome::{render, Turn, TurnStatus, SCHEMA};
+pub use planner::{PlannerError, Proposal};
+pub use turn::advance;

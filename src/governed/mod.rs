@@ -19,6 +19,7 @@
 //! in-doubt), [`pause`] (pause, resume, the circuit breaker), `watch` (after each run: the
 //! breaker, the spend window, and the alerts a run's end calls for).
 
+mod end;
 mod env;
 mod gateway;
 mod machine;
