@@ -9,22 +9,17 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use tokio::task::JoinHandle;
 use tokio_cron_scheduler::JobScheduler;
 use tokio_util::sync::CancellationToken;
 
 use super::shared::Shared;
+use super::task::Task;
 use crate::catchup;
 use crate::cluster::slots::Claim;
 use crate::config::{Trigger, Workflow};
 use crate::governed::Fire;
 use crate::store::RunState;
 use crate::trigger::{file, queue, schedule, webhook};
-
-struct Task {
-    cancel: CancellationToken,
-    handle: JoinHandle<()>,
-}
 
 pub struct Triggers {
     shared: Arc<Shared>,
