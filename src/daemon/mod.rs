@@ -21,22 +21,10 @@ mod task;
 mod triggers;
 
 pub use shared::Shared;
-
-use std::path::PathBuf;
-use std::time::Duration;
+pub use startup::Options;
 
 use anyhow::{Context, Result};
 use tokio_util::sync::CancellationToken;
-
-pub struct Options {
-    pub config_dir: PathBuf,
-    pub state_dir: PathBuf,
-    /// How long in-flight runs may finish after SIGTERM.
-    pub grace: Duration,
-    pub max_concurrent: usize,
-    /// `--dashboard`: where the dashboard listens, over steward.toml's `[dashboard] listen`.
-    pub dashboard: Option<String>,
-}
 
 /// Runs the daemon on a multi-threaded runtime until a stop signal.
 pub fn run_blocking(opts: Options) -> Result<()> {

@@ -11,11 +11,12 @@ use signal_hook_tokio::Signals;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
+use super::chain;
 use super::live_config::LiveConfig;
-use super::startup::{self, notify_systemd, Membership};
+use super::shared::Shared;
+use super::startup::{self, notify_systemd, Membership, Options};
 use super::task::Task;
 use super::triggers::Triggers;
-use super::{chain, Options, Shared};
 use crate::governed::Engine;
 use crate::runner::Runner;
 use crate::store::RunRecord;

@@ -10,9 +10,20 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use tokio_util::sync::CancellationToken;
 
-use super::{Options, Shared};
+use super::shared::Shared;
 use crate::governed;
 use crate::store::{Recovery, StoreError};
+
+/// What `steward daemon` was started with.
+pub struct Options {
+    pub config_dir: PathBuf,
+    pub state_dir: PathBuf,
+    /// How long in-flight runs may finish after SIGTERM.
+    pub grace: Duration,
+    pub max_concurrent: usize,
+    /// `--dashboard`: where the dashboard listens, over steward.toml's `[dashboard] listen`.
+    pub dashboard: Option<String>,
+}
 
 /// Creates and opens the state folder: the engine on its store, and what the last run
 /// of steward left in it.
