@@ -10,15 +10,14 @@
 
 mod launch;
 mod pipes;
+mod supervise;
 
 use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::{Breach, BudgetGuard};
@@ -27,7 +26,7 @@ use crate::control::{self, Message};
 pub use crate::process::Exit;
 use crate::process::StepProcess;
 pub use launch::{reserve_control_fd, spawn_lock};
-use pipes::{read_capped, read_control};
+pub use supervise::run_step;
 
 /// How much of stdout is kept (the rest is drained and dropped).
 pub const STDOUT_CAP: usize = 1 << 20;
@@ -240,202 +239,6 @@ impl StepOutcome {
         }
         None
     }
-}
-
-/// Runs one step to its end. `guard` is the attempt's budget (None for commit).
-pub async fn run_step(req: StepRequest<'_>, mut guard: Option<&mut BudgetGuard>) -> StepOutcome {
-    let started = Instant::now();
-    if req.cancel.is_cancelled() {
-        return StepOutcome::new(Ending::Cancelled);
-    }
-    let limit_groups = if req.limits.any() {
-        match crate::limits::LimitGroups::create(&req.limits) {
-            Ok(groups) => Some(groups),
-            Err(e) => {
-                let mut out = StepOutcome::new(Ending::SpawnFailed(format!(
-                    "cannot hold the [budget] caps (memory_max, pids_max, cpu_weight): {e}"
-                )));
-                out.duration = started.elapsed();
-                return out;
-            }
-        }
-    } else {
-        None
-    };
-    let join = limit_groups
-        .as_ref()
-        .map(|g| g.procs_fds())
-        .unwrap_or_default();
-    let (mut child, ctl_read, cgroup) = match launch::spawn(
-        req.argv,
-        req.cwd,
-        req.env,
-        req.sandbox
-            .map_or(crate::sandbox::ChildConfinement::NONE, |s| s.child()),
-        &join,
-    ) {
-        Ok(pair) => pair,
-        Err(e) => {
-            let mut out = StepOutcome::new(Ending::SpawnFailed(format!(
-                "cannot start {}: {e}",
-                req.argv.first().map(String::as_str).unwrap_or("")
-            )));
-            out.duration = started.elapsed();
-            return out;
-        }
-    };
-    // The group id is the child's pid (it was started in a process group of its own).
-    // Never 0: killpg(0) would signal steward's own group.
-    let pgid = (child.pid > 0).then(|| Pid::from_raw(child.pid as i32));
-    // A confined step (and all it starts) may not command the daemon over its socket.
-    let _confined = req
-        .sandbox
-        .map(|_| crate::sandbox::register(cgroup.as_ref().map(|c| c.path()), child.pid as i32));
-    // Should this future be dropped before the step ends (a runtime shutting down), the
-    // group and cgroup still die with it, not only the child's own pid.
-    let mut contained = Contained { pgid, cgroup };
-    let activity = Arc::new(Notify::new());
-
-    if let Some(mut stdin) = child.stdin.take() {
-        let bytes = req.stdin;
-        tokio::spawn(async move {
-            // A step that never reads its stdin is fine: ignore EPIPE.
-            let _ = stdin.write_all(&bytes).await;
-        });
-    }
-    let stdout_task = child
-        .stdout
-        .take()
-        .map(|s| tokio::spawn(read_capped(s, STDOUT_CAP, false, activity.clone())));
-    let stderr_task = child
-        .stderr
-        .take()
-        .map(|s| tokio::spawn(read_capped(s, STDERR_TAIL, true, activity.clone())));
-    let (ctl_tx, mut ctl_rx) = mpsc::channel(256);
-    let ctl_task = tokio::spawn(read_control(ctl_read, ctl_tx, activity.clone()));
-
-    let mut out = StepOutcome::new(Ending::Exited);
-    let runtime_deadline = guard.as_ref().map(|g| g.deadline());
-    let timeout_deadline = req.timeout.map(|t| started + t);
-    let mut last_progress = Instant::now();
-    let mut ctl_open = true;
-    let mut metered = req.metered;
-    let far = started + Duration::from_secs(365 * 24 * 3600);
-
-    let ending = loop {
-        if let (Some(m), Some(g)) = (&metered, &guard) {
-            m.headroom.publish(g.left());
-        }
-        let stall_at = req.stall_timeout.map(|s| last_progress + s);
-        tokio::select! {
-            status = child.wait() => {
-                out.exit = status.ok();
-                break Ending::Exited;
-            }
-            charge = recv_metered(&mut metered), if metered.is_some() => match charge {
-                Some(m) => {
-                    last_progress = Instant::now();
-                    if let Some(breach) = guard.as_mut().and_then(|g| metering(g, m)) {
-                        break Ending::Breach(breach);
-                    }
-                }
-                None => metered = None,
-            },
-            msg = ctl_rx.recv(), if ctl_open => match msg {
-                Some(msg) => {
-                    last_progress = Instant::now();
-                    if let Some(breach) = out.apply(msg, &mut guard) {
-                        break Ending::Breach(breach);
-                    }
-                }
-                None => ctl_open = false,
-            },
-            _ = activity.notified() => last_progress = Instant::now(),
-            _ = tokio::time::sleep_until(runtime_deadline.unwrap_or(far).into()), if runtime_deadline.is_some() => {
-                break Ending::Breach(guard.as_ref().map(|g| g.runtime_breach()).expect("deadline implies guard"));
-            }
-            _ = tokio::time::sleep_until(timeout_deadline.unwrap_or(far).into()), if timeout_deadline.is_some() => {
-                break Ending::TimedOut(req.timeout.unwrap_or_default());
-            }
-            _ = tokio::time::sleep_until(stall_at.unwrap_or(far).into()), if stall_at.is_some() => {
-                break Ending::Stalled(req.stall_timeout.unwrap_or_default());
-            }
-            _ = req.cancel.cancelled() => break Ending::Cancelled,
-        }
-    };
-
-    if ending != Ending::Exited {
-        // A cancelled run already had the daemon's grace period: stop it promptly.
-        let grace = if ending == Ending::Cancelled {
-            req.kill_grace.min(CANCEL_GRACE)
-        } else {
-            req.kill_grace
-        };
-        out.exit = stop_group(&mut child, pgid, grace).await;
-    }
-    // Sweep: a grandchild left behind (even one that ignores SIGTERM) dies with its step,
-    // and so does one that left the group (setsid) where the step has a cgroup.
-    if let Some(pgid) = contained.pgid.take() {
-        let _ = killpg(pgid, Signal::SIGKILL);
-    }
-    if let Some(cgroup) = contained.cgroup.take() {
-        cgroup.finish(CGROUP_DRAIN).await;
-    }
-    out.ending = ending;
-    // The kernel killed a process for going over memory_max: exhausted, like any cap.
-    if let (Some(groups), Some(bytes)) = (&limit_groups, req.limits.memory_max) {
-        if out.ending == Ending::Exited && groups.memory_exhausted() {
-            let mib = format!("{}MiB", bytes >> 20);
-            out.ending = Ending::Breach(crate::budget::Breach {
-                cap: crate::budget::Cap::Memory,
-                used: mib.clone(),
-                limit: mib,
-            });
-        }
-    }
-
-    // Messages written just before exit still count: a last charge over the cap is a breach.
-    let drain_until = tokio::time::Instant::now() + DRAIN_WAIT;
-    while ctl_open {
-        match tokio::time::timeout_at(drain_until, ctl_rx.recv()).await {
-            Ok(Some(msg)) => {
-                if let Some(breach) = out.apply(msg, &mut guard) {
-                    if out.ending == Ending::Exited {
-                        out.ending = Ending::Breach(breach);
-                    }
-                }
-            }
-            _ => ctl_open = false,
-        }
-    }
-    // So do metered charges of calls that ended with the step: its lease is given up
-    // (no new call is accepted), and the feed read until the last call has settled.
-    if let Some(m) = &mut metered {
-        m.lease = None;
-    }
-    while let Some(m) = metered.as_mut() {
-        let Ok(Some(charge)) = tokio::time::timeout_at(drain_until, m.charges.recv()).await else {
-            break;
-        };
-        if let Some(breach) = guard.as_mut().and_then(|g| metering(g, charge)) {
-            if out.ending == Ending::Exited {
-                out.ending = Ending::Breach(breach);
-            }
-        }
-    }
-    ctl_task.abort();
-    if let Some(task) = stdout_task {
-        if let Ok(Ok(bytes)) = tokio::time::timeout_at(drain_until, task).await {
-            out.stdout = String::from_utf8_lossy(&bytes).into_owned();
-        }
-    }
-    if let Some(task) = stderr_task {
-        if let Ok(Ok(bytes)) = tokio::time::timeout_at(drain_until, task).await {
-            out.stderr_tail = String::from_utf8_lossy(&bytes).into_owned();
-        }
-    }
-    out.duration = started.elapsed();
-    out
 }
 
 /// What must die with a step: its process group and its cgroup. Normally the step's end

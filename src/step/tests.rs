@@ -1,7 +1,8 @@
-//! Unit tests of `step`.
-
 //! The supervisor on real processes, started whichever way this machine allows
 //! (straight into a cgroup where steward may create them, `posix_spawn` elsewhere).
+
+use std::time::Instant;
+
 use super::*;
 
 async fn run(argv: &[&str], cwd: &Path, stdin: &str) -> StepOutcome {
