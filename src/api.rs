@@ -308,6 +308,16 @@ pub enum Response {
         key: String,
         committed: bool,
     },
+    /// An agency case's answers: their own `kind`s, on the same line as the others.
+    #[serde(untagged)]
+    Agency(CaseResponse),
+}
+
+/// What the agency case commands answer (`case open | advance | approve | status | verify
+/// | list`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CaseResponse {
     CaseOpened {
         case: Box<Case>,
         mandate: String,
@@ -334,6 +344,12 @@ pub enum Response {
     Cases {
         cases: Vec<CaseRow>,
     },
+}
+
+impl From<CaseResponse> for Response {
+    fn from(r: CaseResponse) -> Response {
+        Response::Agency(r)
+    }
 }
 
 impl Response {
@@ -424,5 +440,30 @@ mod tests {
         let old = r#"{"argv": ["status"]}"#;
         let err = decode::<RequestBody>(old).unwrap_err().to_string();
         assert!(err.contains("another control protocol"), "{err}");
+    }
+
+    #[test]
+    fn an_agency_answer_keeps_its_own_kind_on_the_wire_and_reads_back_as_one() {
+        let answer = Response::from(CaseResponse::CaseApproved {
+            case_id: "c1".into(),
+            turn: 3,
+        });
+        let line = encode(&answer);
+        let text = std::str::from_utf8(&line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(v["kind"], "case_approved", "{text}");
+        assert_eq!(v["case_id"], "c1", "{text}");
+        match decode::<Response>(text).unwrap() {
+            Response::Agency(CaseResponse::CaseApproved { case_id, turn }) => {
+                assert_eq!((case_id.as_str(), turn), ("c1", 3))
+            }
+            other => panic!("read back as {other:?}"),
+        }
+        // The others still read as themselves.
+        let line = encode(Response::error("no"));
+        match decode::<Response>(std::str::from_utf8(&line).unwrap()).unwrap() {
+            Response::Error { message } => assert_eq!(message, "no"),
+            other => panic!("read back as {other:?}"),
+        }
     }
 }

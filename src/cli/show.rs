@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::render;
 use super::request::{RunView, View};
 use crate::agency;
-use crate::api::Response;
+use crate::api::{CaseResponse, Response};
 use crate::store::RunRecord;
 
 /// `writeln!` into a String cannot fail.
@@ -39,25 +39,11 @@ pub const REFUSED: i32 = 11;
 
 /// Shows `response` as `view` asks; `local` says no daemon answered.
 pub fn response(response: &Response, view: &View, local: bool) -> Shown {
-    use Response as R;
-    match response {
-        R::CaseOpened { .. }
-        | R::Turn { .. }
-        | R::TurnConflict { .. }
-        | R::CaseApproved { .. }
-        | R::Case { .. }
-        | R::CaseChain { .. }
-        | R::Cases { .. } => case_response(response, view),
-        _ => run_response(response, view, local),
-    }
-}
-
-/// Everything but the agency cases.
-fn run_response(response: &Response, view: &View, local: bool) -> Shown {
     let mut s = Shown::default();
     let out = &mut s.stdout;
     use Response as R;
     match response {
+        R::Agency(case) => return case_response(case, view),
         R::Error { message } => {
             wln!(s.stderr, "steward: {message}");
             s.code = 1;
@@ -87,19 +73,7 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
                 wln!(s.stderr, "steward: warning: {w}");
             }
         }
-        R::Workflows { workflows, .. } if view.json => pretty(out, workflows),
-        R::Workflows { workflows, cluster } => {
-            let rows: Vec<serde_json::Value> = workflows
-                .iter()
-                .map(|w| serde_json::to_value(w).unwrap_or_default())
-                .collect();
-            render::workflows_table(out, &rows);
-            if let Some(serde_json::Value::Object(c)) =
-                cluster.as_ref().and_then(|c| serde_json::to_value(c).ok())
-            {
-                render::cluster(out, &c);
-            }
-        }
+        R::Workflows { workflows, cluster } => workflows_table(out, view, workflows, cluster),
         R::Run { run } => s.code = show_run(out, run, view),
         R::Runs { runs } if view.json => pretty(out, runs),
         R::Runs { runs } if runs.is_empty() && view.run == RunView::Review => {
@@ -170,52 +144,11 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
             pause.reason
         ),
         R::Why {
-            entries, upstream, ..
-        } if view.json && !upstream.is_empty() => pretty(
-            out,
-            &serde_json::json!({ "entries": entries, "upstream": upstream }),
-        ),
-        R::Why { entries, .. } if view.json => pretty(out, entries),
-        R::Why {
             workflow,
-            entries,
-            upstream,
-            ..
-        } if entries.is_empty() && upstream.is_empty() => {
-            wln!(
-                out,
-                "{workflow}: nothing recorded then (no slot, no fire, or older than the oldest record kept)"
-            );
-            s.code = 1;
-        }
-        R::Why {
             timezone,
             entries,
             upstream,
-            ..
-        } => {
-            let tz: chrono_tz::Tz = timezone.parse().unwrap_or(chrono_tz::Tz::UTC);
-            let local = |t: chrono::DateTime<chrono::Utc>| {
-                t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S %Z").to_string()
-            };
-            for e in entries {
-                wln!(out, "{}", crate::ledger::line(e, local));
-            }
-            if !upstream.is_empty() {
-                wln!(out, "upstream runs, newest first:");
-            }
-            for u in upstream {
-                wln!(
-                    out,
-                    "  {} {} {} ended {}: {}",
-                    u.ended_at.map(local).unwrap_or_default(),
-                    u.workflow,
-                    u.run_id,
-                    u.state.name(),
-                    u.why
-                );
-            }
-        }
+        } => s.code = why(out, view, workflow, timezone, entries, upstream),
         R::KeysInDoubt { keys } if view.json => pretty(out, keys),
         R::KeysInDoubt { keys } if keys.is_empty() => {
             wln!(out, "no idempotency key is in doubt")
@@ -233,16 +166,91 @@ fn run_response(response: &Response, view: &View, local: bool) -> Shown {
             out,
             "key `{key}` of {workflow} released: the next fire runs again"
         ),
-        _ => unreachable!("case responses are shown by case_response"),
     }
     s
 }
 
+/// `steward workflows`: a table, and the cluster's daemons under it.
+fn workflows_table(
+    out: &mut String,
+    view: &View,
+    workflows: &[crate::api::WorkflowRow],
+    cluster: &Option<crate::api::ClusterStatus>,
+) {
+    if view.json {
+        return pretty(out, &workflows);
+    }
+    let rows: Vec<serde_json::Value> = workflows
+        .iter()
+        .map(|w| serde_json::to_value(w).unwrap_or_default())
+        .collect();
+    render::workflows_table(out, &rows);
+    if let Some(serde_json::Value::Object(c)) =
+        cluster.as_ref().and_then(|c| serde_json::to_value(c).ok())
+    {
+        render::cluster(out, &c);
+    }
+}
+
+/// `steward why`: the per-slot ledger, in the schedule's zone, and a follower's upstream
+/// ends; exit 1 when nothing was recorded then.
+fn why(
+    out: &mut String,
+    view: &View,
+    workflow: &str,
+    timezone: &str,
+    entries: &[crate::ledger::Entry],
+    upstream: &[crate::api::UpstreamEnd],
+) -> i32 {
+    if view.json && !upstream.is_empty() {
+        pretty(
+            out,
+            &serde_json::json!({ "entries": entries, "upstream": upstream }),
+        );
+        return 0;
+    }
+    if view.json {
+        pretty(out, &entries);
+        return 0;
+    }
+    if entries.is_empty() && upstream.is_empty() {
+        wln!(
+            out,
+            "{workflow}: nothing recorded then (no slot, no fire, or older than the oldest record kept)"
+        );
+        return 1;
+    }
+    let tz: chrono_tz::Tz = timezone.parse().unwrap_or(chrono_tz::Tz::UTC);
+    let local = |t: chrono::DateTime<chrono::Utc>| {
+        t.with_timezone(&tz)
+            .format("%Y-%m-%d %H:%M:%S %Z")
+            .to_string()
+    };
+    for e in entries {
+        wln!(out, "{}", crate::ledger::line(e, local));
+    }
+    if !upstream.is_empty() {
+        wln!(out, "upstream runs, newest first:");
+    }
+    for u in upstream {
+        wln!(
+            out,
+            "  {} {} {} ended {}: {}",
+            u.ended_at.map(local).unwrap_or_default(),
+            u.workflow,
+            u.run_id,
+            u.state.name(),
+            u.why
+        );
+    }
+    0
+}
+
 /// The agency cases' responses.
-fn case_response(response: &Response, view: &View) -> Shown {
+fn case_response(response: &CaseResponse, view: &View) -> Shown {
     let mut s = Shown::default();
     let out = &mut s.stdout;
-    use Response as R;
+    use CaseResponse as R;
     match response {
         R::CaseOpened { case, mandate } => {
             let l = &case.agency.limits;
@@ -305,7 +313,6 @@ fn case_response(response: &Response, view: &View) -> Shown {
                 );
             }
         }
-        _ => unreachable!("other responses are shown by run_response"),
     }
     s
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::context::Dashboard;
 use super::render::{error_page, render};
-use crate::api::{Request, Response as Reply};
+use crate::api::{CaseResponse as CaseReply, Request, Response as Reply};
 use crate::store::{RunQuery, RunRecord, RunState};
 
 /// Runs on one page of the runs list.
@@ -314,7 +314,7 @@ pub async fn review(State(d): State<Arc<Dashboard>>, Query(m): Query<Flash>) -> 
 
 pub async fn cases(State(d): State<Arc<Dashboard>>) -> Response {
     let cases = match ask(&d, Request::CaseList).await {
-        Reply::Cases { cases } => cases,
+        Reply::Agency(CaseReply::Cases { cases }) => cases,
         Reply::Error { message } => return error_page(StatusCode::INTERNAL_SERVER_ERROR, &message),
         _ => Vec::new(),
     };
@@ -338,7 +338,7 @@ pub async fn case_detail(
     )
     .await
     {
-        Reply::Case { case } => case,
+        Reply::Agency(CaseReply::Case { case }) => case,
         Reply::Error { message } => return error_page(StatusCode::NOT_FOUND, &message),
         _ => return error_page(StatusCode::INTERNAL_SERVER_ERROR, "unexpected reply"),
     };
@@ -350,7 +350,7 @@ pub async fn case_detail(
     )
     .await
     {
-        Reply::CaseChain { events, broken, .. } => match broken {
+        Reply::Agency(CaseReply::CaseChain { events, broken, .. }) => match broken {
             None => format!("intact: {events} events, each sealed to the one before"),
             Some(why) => format!("BROKEN: {why}"),
         },
@@ -416,7 +416,9 @@ fn said(reply: &Reply) -> String {
         Reply::Run { run } => format!("run {} ended {}: {}", run.run_id, run.state, run.reason),
         Reply::Rejected { run_id } => format!("rejected {run_id}"),
         Reply::Purged { removed, .. } => format!("discarded {removed} entry"),
-        Reply::CaseApproved { case_id, turn } => format!("approved case {case_id} at turn {turn}"),
+        Reply::Agency(CaseReply::CaseApproved { case_id, turn }) => {
+            format!("approved case {case_id} at turn {turn}")
+        }
         other => format!("{other:?}"),
     }
 }

@@ -3,11 +3,14 @@
 use anyhow::anyhow;
 use serde_json::Value;
 
-use super::context::{Handled, Service};
+use super::context::Service;
 use crate::agency::{self, CaseError, Receipt};
-use crate::api::{CaseRow, Response};
+use crate::api::{CaseResponse, CaseRow};
 
-pub(super) fn open(service: &Service, agency_id: &str, case_id: &str, signal: Value) -> Handled {
+/// What a case handler answers.
+type Answered = anyhow::Result<CaseResponse>;
+
+pub(super) fn open(service: &Service, agency_id: &str, case_id: &str, signal: Value) -> Answered {
     let config = service.config()?;
     let a = config.agencies.get(agency_id).ok_or_else(|| {
         let known: Vec<&str> = config.agencies.keys().map(String::as_str).collect();
@@ -18,7 +21,7 @@ pub(super) fn open(service: &Service, agency_id: &str, case_id: &str, signal: Va
         )
     })?;
     let case = agency::open(&service.engine, a, case_id, signal)?;
-    Ok(Response::CaseOpened {
+    Ok(CaseResponse::CaseOpened {
         case: Box::new(case),
         mandate: a.mandate.clone(),
     })
@@ -30,7 +33,7 @@ pub(super) async fn advance(
     driver: &str,
     member_result: Option<Receipt>,
     run: bool,
-) -> Handled {
+) -> Answered {
     let config = service.config()?;
     match agency::advance(
         &service.runner,
@@ -42,47 +45,47 @@ pub(super) async fn advance(
     )
     .await
     {
-        Ok(turn) => Ok(Response::Turn {
+        Ok(turn) => Ok(CaseResponse::Turn {
             turn: Box::new(turn),
         }),
-        Err(e @ CaseError::Conflict { .. }) => Ok(Response::TurnConflict {
+        Err(e @ CaseError::Conflict { .. }) => Ok(CaseResponse::TurnConflict {
             message: e.to_string(),
         }),
         Err(e) => Err(e.into()),
     }
 }
 
-pub(super) fn approve(service: &Service, case_id: &str, by: &str) -> Handled {
+pub(super) fn approve(service: &Service, case_id: &str, by: &str) -> Answered {
     let case = agency::approve(&service.engine, case_id, by)?;
-    Ok(Response::CaseApproved {
+    Ok(CaseResponse::CaseApproved {
         case_id: case.case_id,
         turn: case.turns,
     })
 }
 
-pub(super) fn status(service: &Service, case_id: &str) -> Handled {
+pub(super) fn status(service: &Service, case_id: &str) -> Answered {
     let (case, _) =
         agency::load(&service.engine, case_id)?.ok_or_else(|| anyhow!("no case {case_id}"))?;
-    Ok(Response::Case {
+    Ok(CaseResponse::Case {
         case: Box::new(case),
     })
 }
 
-pub(super) fn verify(service: &Service, case_id: &str) -> Handled {
+pub(super) fn verify(service: &Service, case_id: &str) -> Answered {
     let raw = service.engine.store.case_events(case_id)?;
     if raw.is_empty() {
         return Err(anyhow!("no case {case_id}"));
     }
     let events = raw.len();
     let broken = agency::decode(raw).and_then(|e| agency::verify_chain(&e));
-    Ok(Response::CaseChain {
+    Ok(CaseResponse::CaseChain {
         case_id: case_id.to_string(),
         events,
         broken: broken.err().map(|e| e.to_string()),
     })
 }
 
-pub(super) fn list(service: &Service) -> Handled {
+pub(super) fn list(service: &Service) -> Answered {
     let mut cases = Vec::new();
     for id in service.engine.store.case_ids()? {
         match agency::load(&service.engine, &id) {
@@ -110,5 +113,5 @@ pub(super) fn list(service: &Service) -> Handled {
             }),
         }
     }
-    Ok(Response::Cases { cases })
+    Ok(CaseResponse::Cases { cases })
 }

@@ -75,17 +75,21 @@ impl Service {
                 agency,
                 case_id,
                 signal,
-            } => cases::open(self, &agency, &case_id, signal),
+            } => cases::open(self, &agency, &case_id, signal).map(Response::from),
             R::CaseAdvance {
                 case_id,
                 driver,
                 member_result,
                 run,
-            } => cases::advance(self, &case_id, &driver, member_result, run).await,
-            R::CaseApprove { case_id, by } => cases::approve(self, &case_id, &by),
-            R::CaseStatus { case_id } => cases::status(self, &case_id),
-            R::CaseVerify { case_id } => cases::verify(self, &case_id),
-            R::CaseList => cases::list(self),
+            } => cases::advance(self, &case_id, &driver, member_result, run)
+                .await
+                .map(Response::from),
+            R::CaseApprove { case_id, by } => {
+                cases::approve(self, &case_id, &by).map(Response::from)
+            }
+            R::CaseStatus { case_id } => cases::status(self, &case_id).map(Response::from),
+            R::CaseVerify { case_id } => cases::verify(self, &case_id).map(Response::from),
+            R::CaseList => cases::list(self).map(Response::from),
         }
     }
 }
