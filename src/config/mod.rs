@@ -184,46 +184,8 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
         // Taken before reading: an edit made while loading shows as a change later.
         fingerprint: fingerprint(root),
     };
-    let settings_file = root.join("steward.toml");
-    if settings_file.exists() {
-        match read_toml::<Settings>(&settings_file) {
-            Ok((s, text)) => {
-                if let Some(problem) = s.dashboard.problem() {
-                    errors.push(ConfigError::at_key(
-                        &settings_file,
-                        &text.0,
-                        "dashboard.listen",
-                        problem,
-                    ));
-                }
-                errors.extend(notify_errors(&settings_file, &text.0, &s));
-                if let Some(Err(problems)) = s.cluster.as_ref().map(|c| c.check()) {
-                    for (key, problem) in problems {
-                        errors.push(ConfigError::at_key(
-                            &settings_file,
-                            &text.0,
-                            &format!("cluster.{key}"),
-                            format!("cluster.{key}: {problem}"),
-                        ));
-                    }
-                }
-                for (key, problem) in s.gateway.problems() {
-                    let at = match key.as_str() {
-                        "listen" => "gateway.listen".to_string(),
-                        "base_url" => "base_url".to_string(),
-                        model => format!("gateway.pricing.{model}"),
-                    };
-                    errors.push(ConfigError::at_key(
-                        &settings_file,
-                        &text.0,
-                        &at,
-                        format!("gateway.{key}: {problem}"),
-                    ));
-                }
-                config.settings = s
-            }
-            Err(e) => errors.push(e),
-        }
+    if let Some(settings) = load_settings(&root.join("steward.toml"), &mut errors) {
+        config.settings = settings;
     }
     if !root.is_dir() {
         return Err(vec![ConfigError::whole_file(
@@ -240,8 +202,83 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
             )])
         }
     };
+    let (origin, broken) = load_workflows(root, files, &mut config, &mut errors);
+    let (agents, sources, agent_workflows) = agent::load(root, &mut errors);
+    for wf in agent_workflows {
+        add_agent_workflow(&mut config, wf, &agents, &sources, &origin, &mut errors);
+    }
+    layer_over_settings(&mut config, &mut errors);
+    config.agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
+    config.sources = sources;
+    config.agencies = agency::load(root, &config.workflows, &broken, &mut errors);
+    errors.extend(after::errors(&config.workflows, &broken));
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
+
+/// `steward.toml`, when there is one, with each of its problems at the key at fault.
+fn load_settings(file: &Path, errors: &mut Vec<ConfigError>) -> Option<Settings> {
+    if !file.exists() {
+        return None;
+    }
+    let (s, text) = match read_toml::<Settings>(file) {
+        Ok(read) => read,
+        Err(e) => {
+            errors.push(e);
+            return None;
+        }
+    };
+    if let Some(problem) = s.dashboard.problem() {
+        errors.push(ConfigError::at_key(
+            file,
+            &text.0,
+            "dashboard.listen",
+            problem,
+        ));
+    }
+    errors.extend(notify_errors(file, &text.0, &s));
+    if let Some(Err(problems)) = s.cluster.as_ref().map(|c| c.check()) {
+        for (key, problem) in problems {
+            errors.push(ConfigError::at_key(
+                file,
+                &text.0,
+                &format!("cluster.{key}"),
+                format!("cluster.{key}: {problem}"),
+            ));
+        }
+    }
+    for (key, problem) in s.gateway.problems() {
+        let at = match key.as_str() {
+            "listen" => "gateway.listen".to_string(),
+            "base_url" => "base_url".to_string(),
+            model => format!("gateway.pricing.{model}"),
+        };
+        errors.push(ConfigError::at_key(
+            file,
+            &text.0,
+            &at,
+            format!("gateway.{key}: {problem}"),
+        ));
+    }
+    Some(s)
+}
+
+/// The workflow files into `config`: each id once, each queue read by one workflow.
+/// Returns where each id came from, and the ids of the files that failed (their own
+/// errors say why, once).
+fn load_workflows(
+    root: &Path,
+    files: Vec<PathBuf>,
+    config: &mut Config,
+    errors: &mut Vec<ConfigError>,
+) -> (
+    BTreeMap<String, PathBuf>,
+    std::collections::BTreeSet<String>,
+) {
     let mut origin: BTreeMap<String, PathBuf> = BTreeMap::new();
-    // Ids of workflow files that failed: their own errors say why, once.
     let mut broken = std::collections::BTreeSet::new();
     let mut queues: BTreeMap<String, String> = BTreeMap::new();
     for file in files {
@@ -276,43 +313,57 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
             }
         }
     }
-    let (agents, sources, agent_workflows) = agent::load(root, &mut errors);
-    for mut wf in agent_workflows {
-        if let Some(a) = agents.iter().find(|a| a.name == wf.id) {
-            // The agent's steps work from the config it was fired with, not the folder's
-            // state when they start: an unrelated broken file must not break them.
-            let snapshot = AgentSnapshot {
-                root: root.to_path_buf(),
-                settings: config.settings.clone(),
-                agent: a.clone(),
-                sources: a.sources(&sources).into_iter().cloned().collect(),
-            };
-            let value = serde_json::to_string(&snapshot).unwrap_or_default();
-            wf.env.insert(
-                AGENT_SNAPSHOT_ENV.to_string(),
-                EnvValue::Literal {
-                    value,
-                    secret: false,
-                },
-            );
-        }
-        if let Some(other) = origin.get(&wf.id) {
-            errors.push(ConfigError::whole_file(
-                &wf.file,
-                format!(
-                    "agent `{}` has the id of the workflow in {}: names must be unique",
-                    wf.id,
-                    other.display()
-                ),
-            ));
-            continue;
-        }
-        config.workflows.insert(wf.id.clone(), wf);
+    (origin, broken)
+}
+
+/// A digest agent's workflow into `config`, carrying a snapshot of the config it was
+/// loaded with; its id may not be a workflow file's.
+fn add_agent_workflow(
+    config: &mut Config,
+    mut wf: Workflow,
+    agents: &[agent::Agent],
+    sources: &[agent::Source],
+    origin: &BTreeMap<String, PathBuf>,
+    errors: &mut Vec<ConfigError>,
+) {
+    if let Some(a) = agents.iter().find(|a| a.name == wf.id) {
+        // The agent's steps work from the config it was fired with, not the folder's
+        // state when they start: an unrelated broken file must not break them.
+        let snapshot = AgentSnapshot {
+            root: config.root.clone(),
+            settings: config.settings.clone(),
+            agent: a.clone(),
+            sources: a.sources(sources).into_iter().cloned().collect(),
+        };
+        let value = serde_json::to_string(&snapshot).unwrap_or_default();
+        wf.env.insert(
+            AGENT_SNAPSHOT_ENV.to_string(),
+            EnvValue::Literal {
+                value,
+                secret: false,
+            },
+        );
     }
-    // Each workflow's sandbox over the default of steward.toml.
+    if let Some(other) = origin.get(&wf.id) {
+        errors.push(ConfigError::whole_file(
+            &wf.file,
+            format!(
+                "agent `{}` has the id of the workflow in {}: names must be unique",
+                wf.id,
+                other.display()
+            ),
+        ));
+        return;
+    }
+    config.workflows.insert(wf.id.clone(), wf);
+}
+
+/// Each workflow's sandbox over steward.toml's default, and its gateway over the
+/// settings' providers and prices (a model without a price is an error: fail closed).
+fn layer_over_settings(config: &mut Config, errors: &mut Vec<ConfigError>) {
     let default = config.settings.sandbox.clone().unwrap_or_default();
     for wf in config.workflows.values_mut() {
-        wf.sandbox = Sandbox::layered(&default, &wf.sandbox_own, root);
+        wf.sandbox = Sandbox::layered(&default, &wf.sandbox_own, &config.root);
         if let Some(g) = &mut wf.gateway {
             g.resolve(&config.settings.gateway);
             // Fail closed: a call whose cost cannot be priced cannot be held to the cap.
@@ -327,15 +378,6 @@ pub fn load_dir(root: &Path) -> Result<Config, Vec<ConfigError>> {
                 ));
             }
         }
-    }
-    config.agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
-    config.sources = sources;
-    config.agencies = agency::load(root, &config.workflows, &broken, &mut errors);
-    errors.extend(after::errors(&config.workflows, &broken));
-    if errors.is_empty() {
-        Ok(config)
-    } else {
-        Err(errors)
     }
 }
 

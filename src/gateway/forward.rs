@@ -134,6 +134,16 @@ fn refuse(provider: Provider, status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
+/// A call the gateway agreed to forward: its grant, its request (JSON) and the request's
+/// size, the model asked for, and where it goes.
+struct Admitted {
+    grant: Grant,
+    request: Value,
+    size: usize,
+    model: String,
+    upstream: super::keys::Upstream,
+}
+
 async fn call(
     g: Gateway,
     provider: Provider,
@@ -142,54 +152,15 @@ async fn call(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let Some(grant) = g.registry.grant(&key) else {
-        return refuse(
-            provider,
-            StatusCode::UNAUTHORIZED,
-            "this key is not in force (a step's key works only while that step runs)",
-        );
-    };
-    if !known(provider, endpoint) {
-        return refuse(
-            provider,
-            StatusCode::NOT_FOUND,
-            "no such endpoint on the steward gateway",
-        );
-    }
-    let bytes = match crate::listener::read_body(body, MAX_REQUEST).await {
-        Ok(b) => b,
-        Err(status) => {
-            return refuse(
-                provider,
-                status,
-                "the request body is too large or too slow",
-            )
-        }
-    };
-    let Ok(mut request) = serde_json::from_slice::<Value>(&bytes) else {
-        return refuse(
-            provider,
-            StatusCode::BAD_REQUEST,
-            "the request body is not JSON",
-        );
-    };
-    let model = request["model"].as_str().unwrap_or("").to_string();
-    if !grant.allows(provider, &model) {
-        return refuse(
-            provider,
-            StatusCode::FORBIDDEN,
-            &format!(
-                "model `{model}` through {} is not among this workflow's [gateway] providers and models",
-                provider.name()
-            ),
-        );
-    }
-    let Some(upstream) = grant.upstream(provider).cloned() else {
-        return refuse(
-            provider,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the gateway has no upstream for this provider",
-        );
+    let Admitted {
+        grant,
+        mut request,
+        size,
+        model,
+        upstream,
+    } = match admit(&g, provider, endpoint, &key, body).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
     };
     // An OpenAI stream tells its usage only when asked: ask, always.
     if provider == Provider::Openai && request["stream"] == true && endpoint == "chat/completions" {
@@ -205,7 +176,7 @@ async fn call(
                     endpoint,
                     &model,
                     &mut request,
-                    bytes.len(),
+                    size,
                     free,
                     price.as_ref(),
                 )
@@ -219,27 +190,7 @@ async fn call(
             }
         }
     };
-    let url = format!("{}/{}", upstream.base_url.trim_end_matches('/'), endpoint);
-    let mut forward = g
-        .client
-        .post(&url)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(serde_json::to_vec(&request).unwrap_or_default());
-    forward = match provider {
-        Provider::Openai => forward.bearer_auth(&upstream.key),
-        Provider::Anthropic => forward.header("x-api-key", &upstream.key),
-    };
-    for name in [
-        "anthropic-version",
-        "anthropic-beta",
-        "openai-beta",
-        "accept",
-    ] {
-        if let Some(v) = headers.get(name) {
-            forward = forward.header(name, v.clone());
-        }
-    }
-    let started = Instant::now();
+    let forward = upstream_request(&g, provider, endpoint, &upstream, &request, &headers);
     let mut reading = Reading {
         meter: None,
         whole: Vec::new(),
@@ -260,20 +211,126 @@ async fn call(
         price,
         request: grant.log_bodies.then_some(request),
         grant,
-        started,
+        started: Instant::now(),
     };
-    let answer = match forward.send().await {
-        Ok(a) => a,
+    match forward.send().await {
+        Ok(answer) => pass_through(provider, answer, reading),
         Err(e) => {
             tracing::warn!(workflow = %reading.grant.workflow, run = %reading.grant.run_id, "gateway: the provider did not answer: {e}");
             reading.status(502);
-            return refuse(
+            refuse(
                 provider,
                 StatusCode::BAD_GATEWAY,
                 "the provider did not answer",
-            );
+            )
         }
+    }
+}
+
+/// Checks a call before anything is reserved: a key in force, a known endpoint, a body
+/// that is JSON within its bounds, a model and provider the grant allows. Err is the
+/// refusal to answer with.
+async fn admit(
+    g: &Gateway,
+    provider: Provider,
+    endpoint: &str,
+    key: &str,
+    body: Body,
+) -> Result<Admitted, Response> {
+    let Some(grant) = g.registry.grant(key) else {
+        return Err(refuse(
+            provider,
+            StatusCode::UNAUTHORIZED,
+            "this key is not in force (a step's key works only while that step runs)",
+        ));
     };
+    if !known(provider, endpoint) {
+        return Err(refuse(
+            provider,
+            StatusCode::NOT_FOUND,
+            "no such endpoint on the steward gateway",
+        ));
+    }
+    let bytes = crate::listener::read_body(body, MAX_REQUEST)
+        .await
+        .map_err(|status| {
+            refuse(
+                provider,
+                status,
+                "the request body is too large or too slow",
+            )
+        })?;
+    let Ok(request) = serde_json::from_slice::<Value>(&bytes) else {
+        return Err(refuse(
+            provider,
+            StatusCode::BAD_REQUEST,
+            "the request body is not JSON",
+        ));
+    };
+    let model = request["model"].as_str().unwrap_or("").to_string();
+    if !grant.allows(provider, &model) {
+        return Err(refuse(
+            provider,
+            StatusCode::FORBIDDEN,
+            &format!(
+                "model `{model}` through {} is not among this workflow's [gateway] providers and models",
+                provider.name()
+            ),
+        ));
+    }
+    let Some(upstream) = grant.upstream(provider).cloned() else {
+        return Err(refuse(
+            provider,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the gateway has no upstream for this provider",
+        ));
+    };
+    Ok(Admitted {
+        grant,
+        request,
+        size: bytes.len(),
+        model,
+        upstream,
+    })
+}
+
+/// The request to the real provider: the real key, the (possibly lowered) body, and the
+/// client's version and beta headers.
+fn upstream_request(
+    g: &Gateway,
+    provider: Provider,
+    endpoint: &str,
+    upstream: &super::keys::Upstream,
+    request: &Value,
+    headers: &HeaderMap,
+) -> reqwest::RequestBuilder {
+    let url = format!("{}/{}", upstream.base_url.trim_end_matches('/'), endpoint);
+    let mut forward = g
+        .client
+        .post(&url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(request).unwrap_or_default());
+    forward = match provider {
+        Provider::Openai => forward.bearer_auth(&upstream.key),
+        Provider::Anthropic => forward.header("x-api-key", &upstream.key),
+    };
+    for name in [
+        "anthropic-version",
+        "anthropic-beta",
+        "openai-beta",
+        "accept",
+    ] {
+        if let Some(v) = headers.get(name) {
+            forward = forward.header(name, v.clone());
+        }
+    }
+    forward
+}
+
+/// The provider's answer, passed through as it arrives; the meter reads along, and its
+/// reading goes to the sink once the answer has ended (or was cut, or dropped by the
+/// client).
+fn pass_through(provider: Provider, answer: reqwest::Response, mut reading: Reading) -> Response {
     let status = answer.status();
     reading.status(status.as_u16());
     let content_type = answer
@@ -296,8 +353,6 @@ async fn call(
             ))
         })
         .collect();
-    // The answer passes through as it arrives; the meter reads along, and its reading
-    // goes to the sink once the answer has ended (or was cut, or dropped by the client).
     let stream = answer.bytes_stream().scan(reading, |reading, chunk| {
         let next = match chunk {
             Ok(bytes) if reading.read(&bytes) => Some(Ok(bytes)),

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::env::{scratch_dir, scrub, StepEnv};
-use super::gateway::NoGateway;
+use super::gateway::{GatewayStep, NoGateway};
 use super::outcome::verdict_of;
 use super::{Engine, Result};
 use crate::budget::BudgetGuard;
@@ -52,26 +52,11 @@ impl Engine {
                 Err(why) => return self.not_started(rec, kind, why.to_string(), env),
             }
         }
-        let confinement = if kind != StepKind::Commit && wf.sandbox.enabled {
-            let mut policy = wf.sandbox.policy(&scratch, argv.first().map(Path::new));
-            if let Some(g) = &gateway {
-                policy.net = policy.net.with_port(g.port);
-            }
-            match crate::sandbox::confine(&policy, wf.sandbox.require) {
-                Ok(c) => {
-                    rec.sandbox = Some(sandbox_line(&c.state, &policy.net, &c.notes));
-                    Some(c)
-                }
-                Err(e) => {
-                    rec.sandbox = Some(e.to_string());
-                    return self.not_started(rec, kind, e.to_string(), env);
-                }
-            }
-        } else {
-            if !wf.sandbox.enabled {
-                rec.sandbox = Some("off".into());
-            }
-            None
+        let program = argv.first().map(Path::new);
+        let confinement = match self.confinement(wf, rec, kind, &scratch, program, gateway.as_ref())
+        {
+            Ok(c) => c,
+            Err(why) => return self.not_started(rec, kind, why, env),
         };
         let with_gateway;
         let vars = match &mut gateway {
@@ -115,6 +100,64 @@ impl Engine {
         }
         self.note_misreported(rec, guard.as_deref(), env)?;
 
+        self.record_reports(rec, kind, &out, env)?;
+        let (status, detail) = step_line(kind, &out);
+        let mut e = self.entry(rec, kind.name(), status);
+        e.detail = detail;
+        e.duration_ms = Some(out.duration.as_millis() as u64);
+        if figures_before {
+            e.figures = guard.map(|g| g.figures());
+        }
+        if let Ending::Breach(b) = &out.ending {
+            e.data = Some(json!({"cap": b.cap.name(), "used": b.used, "limit": b.limit}));
+        }
+        self.runlog.record(&e, &env.redactor)?;
+        Ok(out)
+    }
+
+    /// The kernel confinement a maker or checker starts under (none for a commit or a
+    /// workflow with the sandbox off), its line kept on the record. Err says why the step
+    /// cannot start.
+    fn confinement(
+        &self,
+        wf: &Workflow,
+        rec: &mut RunRecord,
+        kind: StepKind,
+        scratch: &Path,
+        program: Option<&Path>,
+        gateway: Option<&GatewayStep>,
+    ) -> std::result::Result<Option<crate::sandbox::Confinement>, String> {
+        if kind == StepKind::Commit || !wf.sandbox.enabled {
+            if !wf.sandbox.enabled {
+                rec.sandbox = Some("off".into());
+            }
+            return Ok(None);
+        }
+        let mut policy = wf.sandbox.policy(scratch, program);
+        if let Some(g) = gateway {
+            policy.net = policy.net.with_port(g.port);
+        }
+        match crate::sandbox::confine(&policy, wf.sandbox.require) {
+            Ok(c) => {
+                rec.sandbox = Some(sandbox_line(&c.state, &policy.net, &c.notes));
+                Ok(Some(c))
+            }
+            Err(e) => {
+                rec.sandbox = Some(e.to_string());
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// What the step reported besides its verdict: control lines ignored, sub-steps and
+    /// notes (each a runlog line), and its stderr tail on the record.
+    fn record_reports(
+        &self,
+        rec: &mut RunRecord,
+        kind: StepKind,
+        out: &StepOutcome,
+        env: &StepEnv,
+    ) -> Result<()> {
         for line in &out.malformed {
             let mut e = self.entry(rec, kind.name(), "control-ignored");
             e.detail = line.clone();
@@ -135,48 +178,7 @@ impl Engine {
             rec.stderr
                 .insert(kind.name().to_string(), out.stderr_tail.clone());
         }
-        let (status, detail) = match &out.ending {
-            Ending::Exited => match (kind, out.exit) {
-                (StepKind::Verify, _) => ("done", format!("verdict {}", verdict_of(&out).0.name())),
-                (_, Some(Exit::Code(0))) => ("ok", String::new()),
-                (_, Some(exit)) => ("error", exit.to_string()),
-                (_, None) => ("error", "exit status unknown".to_string()),
-            },
-            Ending::Breach(b) => (
-                "breach",
-                format!("budget exhausted: {b}; process group killed"),
-            ),
-            Ending::Stalled(d) => (
-                "stalled",
-                format!(
-                    "no progress for {:.1}s; process group killed",
-                    d.as_secs_f64()
-                ),
-            ),
-            Ending::TimedOut(d) => (
-                "timeout",
-                format!(
-                    "still running after {:.1}s; process group killed",
-                    d.as_secs_f64()
-                ),
-            ),
-            Ending::SpawnFailed(e) => ("error", e.clone()),
-            Ending::Cancelled => (
-                "cancelled",
-                "steward stopped the run; process group killed".to_string(),
-            ),
-        };
-        let mut e = self.entry(rec, kind.name(), status);
-        e.detail = detail;
-        e.duration_ms = Some(out.duration.as_millis() as u64);
-        if figures_before {
-            e.figures = guard.map(|g| g.figures());
-        }
-        if let Ending::Breach(b) = &out.ending {
-            e.data = Some(json!({"cap": b.cap.name(), "used": b.used, "limit": b.limit}));
-        }
-        self.runlog.record(&e, &env.redactor)?;
-        Ok(out)
+        Ok(())
     }
 
     /// A step that could not start (its sandbox or its gateway could not be had): one
@@ -283,4 +285,39 @@ fn sandbox_line(state: &str, net: &crate::sandbox::Net, notes: &[String]) -> Str
         line.push_str(note);
     }
     line
+}
+
+/// A step's runlog status and detail, from how it ended.
+fn step_line(kind: StepKind, out: &StepOutcome) -> (&'static str, String) {
+    match &out.ending {
+        Ending::Exited => match (kind, out.exit) {
+            (StepKind::Verify, _) => ("done", format!("verdict {}", verdict_of(out).0.name())),
+            (_, Some(Exit::Code(0))) => ("ok", String::new()),
+            (_, Some(exit)) => ("error", exit.to_string()),
+            (_, None) => ("error", "exit status unknown".to_string()),
+        },
+        Ending::Breach(b) => (
+            "breach",
+            format!("budget exhausted: {b}; process group killed"),
+        ),
+        Ending::Stalled(d) => (
+            "stalled",
+            format!(
+                "no progress for {:.1}s; process group killed",
+                d.as_secs_f64()
+            ),
+        ),
+        Ending::TimedOut(d) => (
+            "timeout",
+            format!(
+                "still running after {:.1}s; process group killed",
+                d.as_secs_f64()
+            ),
+        ),
+        Ending::SpawnFailed(e) => ("error", e.clone()),
+        Ending::Cancelled => (
+            "cancelled",
+            "steward stopped the run; process group killed".to_string(),
+        ),
+    }
 }
