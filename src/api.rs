@@ -125,9 +125,9 @@ pub enum Request {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkflowRow {
     pub id: String,
-    /// `workflow`, `agent` (a digest agent's workflow) or `agency`.
-    #[serde(default = "workflow_kind")]
-    pub kind: String,
+    /// A workflow file's, a digest agent's or an agency's.
+    #[serde(default)]
+    pub kind: WorkflowKind,
     pub trigger: String,
     pub live: bool,
     /// Live or dry-run, and why, for a person.
@@ -147,8 +147,17 @@ pub struct WorkflowRow {
     pub followers: Vec<String>,
 }
 
-fn workflow_kind() -> String {
-    "workflow".into()
+/// What a row of `steward workflows` is (`workflow`, `agent` or `agency` on the wire).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkflowKind {
+    /// A file under `workflows/`.
+    #[default]
+    Workflow,
+    /// A digest agent's workflow.
+    Agent,
+    /// An agency's scheduled driver.
+    Agency,
 }
 
 /// `steward status`: the running daemon's view of itself.

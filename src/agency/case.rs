@@ -78,14 +78,33 @@ pub struct Event {
     pub at: String,
     /// `case_id:turn:driver_id` for turn events.
     pub key: String,
-    pub kind: String,
+    pub kind: StoredKind,
     pub data: Value,
     pub prev_hash: String,
     pub hash: String,
 }
 
+/// An event's kind as stored: one steward knows, or a name it does not (an event
+/// written by hand or by a newer steward), which `verify` and a fold report by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StoredKind {
+    Known(EventKind),
+    Unknown(String),
+}
+
+impl StoredKind {
+    pub fn name(&self) -> &str {
+        match self {
+            StoredKind::Known(kind) => kind.name(),
+            StoredKind::Unknown(name) => name,
+        }
+    }
+}
+
 /// What an event records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EventKind {
     /// The case opened: mandate, roster and limits snapshotted.
     Opened,
@@ -112,19 +131,6 @@ impl EventKind {
             EventKind::MemberUnfinished => "member_unfinished",
             EventKind::ReviewSettled => "review_settled",
         }
-    }
-
-    pub fn parse(name: &str) -> Option<EventKind> {
-        [
-            EventKind::Opened,
-            EventKind::Turn,
-            EventKind::Approved,
-            EventKind::MemberResult,
-            EventKind::MemberUnfinished,
-            EventKind::ReviewSettled,
-        ]
-        .into_iter()
-        .find(|k| k.name() == name)
     }
 }
 
@@ -249,10 +255,18 @@ pub fn verify_chain(events: &[Event]) -> Result<(), BrokenCase> {
         if e.prev_hash != prev {
             return Err(BrokenCase::PrevHash { version: e.version });
         }
-        if seal(e.version, &e.at, &e.key, &e.kind, &e.data, &e.prev_hash) != e.hash {
+        if seal(
+            e.version,
+            &e.at,
+            &e.key,
+            e.kind.name(),
+            &e.data,
+            &e.prev_hash,
+        ) != e.hash
+        {
             return Err(BrokenCase::Altered {
                 version: e.version,
-                kind: e.kind.clone(),
+                kind: e.kind.name().to_string(),
             });
         }
         prev = e.hash.clone();
@@ -263,7 +277,7 @@ pub fn verify_chain(events: &[Event]) -> Result<(), BrokenCase> {
 /// Folds a verified stream into the case.
 pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, BrokenCase> {
     let first = events.first().ok_or(BrokenCase::Empty)?;
-    if first.kind != EventKind::Opened.name() {
+    if first.kind != StoredKind::Known(EventKind::Opened) {
         return Err(BrokenCase::NotOpened);
     }
     let agency: Agency = serde_json::from_value(first.data["agency"].clone())
@@ -291,11 +305,14 @@ pub fn fold(case_id: &str, events: &[Event]) -> Result<Case, BrokenCase> {
     for e in events {
         c.version = e.version;
         c.last_hash = e.hash.clone();
-        let Some(kind) = EventKind::parse(&e.kind) else {
-            return Err(BrokenCase::UnknownKind {
-                version: e.version,
-                kind: e.kind.clone(),
-            });
+        let kind = match &e.kind {
+            StoredKind::Known(kind) => *kind,
+            StoredKind::Unknown(name) => {
+                return Err(BrokenCase::UnknownKind {
+                    version: e.version,
+                    kind: name.clone(),
+                })
+            }
         };
         match kind {
             EventKind::Opened => {}
@@ -401,7 +418,7 @@ pub(super) fn append(
         version,
         at,
         key: key.to_string(),
-        kind: kind.name().to_string(),
+        kind: StoredKind::Known(kind),
         data,
         prev_hash: case.last_hash.clone(),
         hash,
@@ -461,7 +478,7 @@ pub fn open(
         version: 1,
         at,
         key,
-        kind: EventKind::Opened.name().into(),
+        kind: StoredKind::Known(EventKind::Opened),
         data,
         prev_hash: String::new(),
         hash,
@@ -512,4 +529,29 @@ pub fn approve(engine: &Engine, case_id: &str, by: &str) -> Result<Case, CaseErr
         format!("turn {} approved by {by}", case.turns),
     );
     reload(engine, case_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_kind_is_stored_by_its_name_and_an_unknown_name_is_kept() {
+        let known: StoredKind = serde_json::from_str("\"member_result\"").unwrap();
+        assert_eq!(known, StoredKind::Known(EventKind::MemberResult));
+        assert_eq!(serde_json::to_string(&known).unwrap(), "\"member_result\"");
+        let unknown: StoredKind = serde_json::from_str("\"bribe\"").unwrap();
+        assert_eq!(unknown, StoredKind::Unknown("bribe".into()));
+        assert_eq!(serde_json::to_string(&unknown).unwrap(), "\"bribe\"");
+        let event = Event {
+            version: 1,
+            at: "2026-01-01T00:00:00.000Z".into(),
+            key: "c:open".into(),
+            kind: unknown,
+            data: json!({}),
+            prev_hash: String::new(),
+            hash: String::new(),
+        };
+        assert_eq!(fold("c", &[event]).unwrap_err(), BrokenCase::NotOpened);
+    }
 }

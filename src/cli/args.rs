@@ -91,8 +91,8 @@ pub enum Command {
     /// (internal) one step of a digest agent's governed run
     #[command(name = "agent-step", hide = true)]
     AgentStep {
-        /// run | check | email
-        step: String,
+        #[arg(value_enum)]
+        step: AgentStepKind,
         agent: String,
     },
     /// Check every workflow file in the config folder; report all errors, run nothing
@@ -380,4 +380,15 @@ pub(super) fn parse_state(s: &str) -> Result<RunState> {
     serde_json::from_value(serde_json::json!(s)).map_err(|_| {
         anyhow!("unknown state `{s}`: use success, clean-no-op, blocked, approval-required, exhausted, stagnated, failed, interrupted, skipped or running")
     })
+}
+
+/// A digest agent's own steps, as its workflow runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AgentStepKind {
+    /// Steps 1–10: fetch, select, write the digest.
+    Run,
+    /// The checker of what `run` wrote.
+    Check,
+    /// The commit: the digest to its recipients.
+    Email,
 }

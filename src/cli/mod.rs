@@ -23,7 +23,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 
-pub use args::{CaseCmd, Cli, Command, DaemonArgs, DeadLetterCmd, InDoubtCmd, NewArgs};
+pub use args::{
+    AgentStepKind, CaseCmd, Cli, Command, DaemonArgs, DeadLetterCmd, InDoubtCmd, NewArgs,
+};
 
 use crate::api::{Request, Response};
 use crate::config;
@@ -139,7 +141,7 @@ fn run_cli(cli: Cli) -> Result<i32> {
             tz,
             preview,
         } => calendar::expression(&expression, Some(&tz), &preview.into()),
-        Command::AgentStep { step, agent } => agent_step(&config, &state, &step, &agent),
+        Command::AgentStep { step, agent } => agent_step(&config, &state, step, &agent),
         Command::New(args) => {
             let written = crate::scaffold::create(&config, &args.workflow)?;
             let mut text = String::new();
@@ -236,7 +238,7 @@ fn dashboard_url(state: &Path, json: bool) -> Result<i32> {
 
 /// `steward agent-step run|check|email AGENT`: one step of an agent's governed run,
 /// started by the engine with the context on stdin.
-fn agent_step(config: &Path, state: &Path, step: &str, agent: &str) -> Result<i32> {
+fn agent_step(config: &Path, state: &Path, step: AgentStepKind, agent: &str) -> Result<i32> {
     let config_dir = std::env::var_os("STEWARD_CONFIG_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| config.to_path_buf());
@@ -259,10 +261,9 @@ fn agent_step(config: &Path, state: &Path, step: &str, agent: &str) -> Result<i3
         .get(agent)
         .ok_or_else(|| anyhow!("no agent named `{agent}` in {}", config_dir.display()))?;
     Ok(match step {
-        "run" => block_on(crate::agent::run_step(&cfg, spec, &state_dir, &ctx)),
-        "check" => crate::agent::check_step(&ctx),
-        "email" => block_on(crate::agent::email_step(&cfg, spec, &state_dir, &ctx)),
-        other => bail!("unknown agent step `{other}` (run, check or email)"),
+        AgentStepKind::Run => block_on(crate::agent::run_step(&cfg, spec, &state_dir, &ctx)),
+        AgentStepKind::Check => crate::agent::check_step(&ctx),
+        AgentStepKind::Email => block_on(crate::agent::email_step(&cfg, spec, &state_dir, &ctx)),
     })
 }
 

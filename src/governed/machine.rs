@@ -415,7 +415,7 @@ impl Engine {
         }
         let (verdict, detail) = verdict_of(&verify);
         let record = VerifyRecord {
-            verdict: verdict.name().to_string(),
+            verdict,
             reason: detail.clone(),
             confidence: verify.confidence.clone(),
             output: Some(parse_output(&verify.stdout)),

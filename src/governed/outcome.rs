@@ -9,23 +9,7 @@ use crate::budget::Breach;
 use crate::step::{Ending, Exit, StepOutcome};
 use crate::store::{KeyPhase, KeyRecord, RunState};
 
-/// The checker's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    Pass,
-    Fail,
-    Escalate,
-}
-
-impl Verdict {
-    pub fn name(self) -> &'static str {
-        match self {
-            Verdict::Pass => "pass",
-            Verdict::Fail => "fail",
-            Verdict::Escalate => "escalate",
-        }
-    }
-}
+pub use crate::store::Verdict;
 
 /// A run's end, with what each end carries. [`super::Engine`]'s `finish` is the one
 /// place that turns it into the terminal record.

@@ -5,7 +5,7 @@ use anyhow::{anyhow, bail};
 use serde_json::Value;
 
 use super::context::{Handled, Service};
-use crate::api::{Response, Status, WorkflowRow};
+use crate::api::{Response, Status, WorkflowKind, WorkflowRow};
 use crate::config::Config;
 use crate::live::{self, Ask, Mode};
 
@@ -25,11 +25,10 @@ fn rows(service: &Service, config: &Config) -> anyhow::Result<Vec<WorkflowRow>> 
         rows.push(WorkflowRow {
             id: wf.id.clone(),
             kind: if wf.agent.is_some() {
-                "agent"
+                WorkflowKind::Agent
             } else {
-                "workflow"
-            }
-            .to_string(),
+                WorkflowKind::Workflow
+            },
             trigger: wf.trigger.kind().to_string(),
             live: mode.is_live(),
             mode: why,
@@ -180,7 +179,7 @@ fn agency_rows(config: &Config) -> Vec<WorkflowRow> {
                 .collect();
             WorkflowRow {
                 id: a.id.clone(),
-                kind: "agency".into(),
+                kind: WorkflowKind::Agency,
                 trigger: if schedule.is_some() { "schedule" } else { "manual" }.into(),
                 live: false,
                 mode: format!(

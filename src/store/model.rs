@@ -127,10 +127,35 @@ impl std::fmt::Display for RunState {
     }
 }
 
+/// The checker's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Pass,
+    Fail,
+    Escalate,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Fail => "fail",
+            Verdict::Escalate => "escalate",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The verify step's verdict as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VerifyRecord {
-    pub verdict: String,
+    pub verdict: Verdict,
     pub reason: String,
     pub confidence: Option<String>,
     pub output: Option<serde_json::Value>,
