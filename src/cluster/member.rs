@@ -201,6 +201,15 @@ impl Member {
     }
 }
 
+/// Why an item could not be published where no daemon runs.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    #[error(transparent)]
+    Settings(#[from] crate::config::cluster::ClusterSettingsError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+}
+
 /// Publishes one item to `queue` of the cluster `settings` name, for a command run where
 /// no daemon is (`steward enqueue` on a machine of the cluster without one): connects,
 /// publishes, waits for the server to store it.
@@ -208,10 +217,10 @@ pub fn enqueue_once(
     settings: &crate::config::cluster::ClusterSettings,
     queue: &str,
     payload: &serde_json::Value,
-) -> anyhow::Result<String> {
+) -> Result<String, EnqueueError> {
     let settings = settings.checked()?;
     let bridge = Bridge::start()?;
-    let bytes = serde_json::to_vec(payload)?;
+    let bytes = serde_json::to_vec(payload).map_err(|e| ClusterError::Store(e.to_string()))?;
     let name = format!("cli-{}", Cluster::daemon_name());
     let queue = queue.to_string();
     let item_id = new_item_id();

@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use hmac::{Hmac, Mac};
 use subtle::ConstantTimeEq;
 
@@ -28,7 +27,7 @@ pub struct Keys {
 
 impl Keys {
     /// Reads the tokens, creating each (random, 0600) the first time.
-    pub fn load_or_create(state: &Path, access: MetricsAccess) -> anyhow::Result<Keys> {
+    pub fn load_or_create(state: &Path, access: MetricsAccess) -> Result<Keys, TokenError> {
         let token = read_or_create(&token_path(state))?;
         let metrics = match access {
             MetricsAccess::Token => Some(read_or_create(&metrics_token_path(state))?),
@@ -60,8 +59,25 @@ pub(super) fn same(a: &str, b: &str) -> bool {
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
+/// Why a dashboard token could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("no randomness for a token: {0}")]
+    NoRandomness(String),
+    #[error("cannot create {}: {why}", .path.display())]
+    Create {
+        path: std::path::PathBuf,
+        why: std::io::Error,
+    },
+    #[error("cannot write {}: {why}", .path.display())]
+    Write {
+        path: std::path::PathBuf,
+        why: std::io::Error,
+    },
+}
+
 /// The token in `path`, or a new random one written there with mode 0600.
-fn read_or_create(path: &Path) -> anyhow::Result<String> {
+fn read_or_create(path: &Path) -> Result<String, TokenError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Ok(text) = std::fs::read_to_string(path) {
@@ -71,7 +87,7 @@ fn read_or_create(path: &Path) -> anyhow::Result<String> {
         }
     }
     let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
+    getrandom::fill(&mut bytes).map_err(|e| TokenError::NoRandomness(e.to_string()))?;
     let token = hex::encode(bytes);
     let _ = std::fs::remove_file(path);
     let mut file = std::fs::OpenOptions::new()
@@ -79,7 +95,13 @@ fn read_or_create(path: &Path) -> anyhow::Result<String> {
         .create_new(true)
         .mode(0o600)
         .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    writeln!(file, "{token}").with_context(|| format!("cannot write {}", path.display()))?;
+        .map_err(|why| TokenError::Create {
+            path: path.to_path_buf(),
+            why,
+        })?;
+    writeln!(file, "{token}").map_err(|why| TokenError::Write {
+        path: path.to_path_buf(),
+        why,
+    })?;
     Ok(token)
 }

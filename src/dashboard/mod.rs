@@ -25,7 +25,6 @@ pub use keys::{metrics_token_path, token_path};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context;
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
@@ -39,22 +38,38 @@ pub struct Listening {
     pub addr: SocketAddr,
 }
 
+/// Why the dashboard could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("{0}")]
+    Settings(String),
+    #[error(transparent)]
+    Token(#[from] keys::TokenError),
+    #[error("cannot listen for the dashboard on {addr} ([dashboard] listen in steward.toml; \"off\" turns it off): {why}")]
+    Listen {
+        addr: SocketAddr,
+        why: std::io::Error,
+    },
+}
+
 /// Binds the dashboard's listener and creates its tokens; None when it is turned off.
 pub async fn bind(
     settings: &DashboardSettings,
     service: Arc<Service>,
-) -> anyhow::Result<Option<Listening>> {
+) -> Result<Option<Listening>, BindError> {
     let Some(addr) = settings.address() else {
         return Ok(None);
     };
     if let Some(problem) = settings.problem() {
-        anyhow::bail!("{problem}");
+        return Err(BindError::Settings(problem));
     }
     let keys = keys::Keys::load_or_create(&service.state_dir, settings.metrics)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .with_context(|| format!("cannot listen for the dashboard on {addr} ([dashboard] listen in steward.toml; \"off\" turns it off)"))?;
-    let addr = listener.local_addr()?;
+        .map_err(|why| BindError::Listen { addr, why })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|why| BindError::Listen { addr, why })?;
     let dashboard = Arc::new(Dashboard {
         service,
         keys,

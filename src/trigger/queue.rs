@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -32,21 +31,35 @@ pub fn spool_dir(state: &Path, queue: &str) -> PathBuf {
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Why an item could not be queued.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    #[error("`{0}` is not a valid queue name: use 1-64 of a-z, 0-9, `-`, `_`")]
+    BadName(String),
+    #[error("item is {0} bytes; a queue item holds at most {MAX_ITEM_BYTES}")]
+    TooBig(usize),
+    #[error("the item is not JSON: {0}")]
+    NotJson(#[from] serde_json::Error),
+    #[error("cannot create {}: {why}", .path.display())]
+    Create { path: PathBuf, why: std::io::Error },
+    #[error("cannot write {}: {why}", .path.display())]
+    Write { path: PathBuf, why: std::io::Error },
+}
+
 /// Writes one item atomically; returns its id. The name sorts in arrival order.
-pub fn write_item(state: &Path, queue: &str, payload: &Value) -> Result<String> {
+pub fn write_item(state: &Path, queue: &str, payload: &Value) -> Result<String, EnqueueError> {
     if !config::valid_id(queue) {
-        bail!("`{queue}` is not a valid queue name: use 1-64 of a-z, 0-9, `-`, `_`");
+        return Err(EnqueueError::BadName(queue.to_string()));
     }
     let dir = spool_dir(state, queue);
     let tmp_dir = dir.join(".tmp");
-    std::fs::create_dir_all(&tmp_dir)
-        .with_context(|| format!("cannot create {}", tmp_dir.display()))?;
+    std::fs::create_dir_all(&tmp_dir).map_err(|why| EnqueueError::Create {
+        path: tmp_dir.clone(),
+        why,
+    })?;
     let bytes = serde_json::to_vec(payload)?;
     if bytes.len() as u64 > MAX_ITEM_BYTES {
-        bail!(
-            "item is {} bytes; a queue item holds at most {MAX_ITEM_BYTES}",
-            bytes.len()
-        );
+        return Err(EnqueueError::TooBig(bytes.len()));
     }
     let now = chrono::Utc::now();
     let id = format!(
@@ -56,16 +69,17 @@ pub fn write_item(state: &Path, queue: &str, payload: &Value) -> Result<String> 
         std::process::id()
     );
     let tmp = tmp_dir.join(format!("{id}.json"));
-    {
+    let final_name = dir.join(format!("{id}.json"));
+    let written = (|| {
         use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&bytes)?;
         f.sync_all()?;
-    }
-    std::fs::rename(&tmp, dir.join(format!("{id}.json")))?;
-    // The rename is durable only once the folder itself is synced.
-    std::fs::File::open(&dir)?.sync_all()?;
+        std::fs::rename(&tmp, &final_name)?;
+        // The rename is durable only once the folder itself is synced.
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    written.map_err(|why| EnqueueError::Write { path: tmp, why })?;
     Ok(id)
 }
 

@@ -51,6 +51,33 @@ pub type InFlight = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 use crate::store::OWNED_OWED as OUTBOX;
 
+/// Why a member's store could not be made at a start.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("cannot clear {}: {why}", .folder.display())]
+    Clear {
+        folder: std::path::PathBuf,
+        why: std::io::Error,
+    },
+    #[error("cannot make {}: {why}", .folder.display())]
+    Make {
+        folder: std::path::PathBuf,
+        why: std::io::Error,
+    },
+    #[error("cannot open the view of the cluster's runs in {}: {why}", .folder.display())]
+    View {
+        folder: std::path::PathBuf,
+        why: StoreError,
+    },
+    #[error("cannot read the cluster's {what}: {cause}")]
+    Unread {
+        what: &'static str,
+        cause: super::ClusterError,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// A cluster member's store: the shared state in the cluster, this daemon's runs in
 /// `local` (and the cluster's in `view`).
 pub struct MemberStore {
@@ -79,36 +106,38 @@ impl MemberStore {
         local: Store,
         state_dir: &Path,
         recovered: &[String],
-    ) -> anyhow::Result<Arc<MemberStore>> {
-        use anyhow::Context;
+    ) -> std::result::Result<Arc<MemberStore>, JoinError> {
         let folder = state_dir.join(VIEW);
         if folder.exists() {
-            std::fs::remove_dir_all(&folder)
-                .with_context(|| format!("cannot clear {}", folder.display()))?;
+            std::fs::remove_dir_all(&folder).map_err(|why| JoinError::Clear {
+                folder: folder.clone(),
+                why,
+            })?;
         }
-        std::fs::create_dir_all(&folder)
-            .with_context(|| format!("cannot make {}", folder.display()))?;
-        let (view, _) = Store::open(&folder).with_context(|| {
-            format!(
-                "cannot open the view of the cluster's runs in {}",
-                folder.display()
-            )
+        std::fs::create_dir_all(&folder).map_err(|why| JoinError::Make {
+            folder: folder.clone(),
+            why,
+        })?;
+        let (view, _) = Store::open(&folder).map_err(|why| JoinError::View {
+            folder: folder.clone(),
+            why,
         })?;
         let (cluster, bridge) = (member.cluster.clone(), member.bridge.clone());
         let fed = bridge.run(super::runs::feed_view(cluster.clone(), view.clone()));
+        let unread = |what| move |cause| JoinError::Unread { what, cause };
         match tokio::time::timeout(STORE_WAIT, fed).await {
             Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e)) | Err(e)) => return Err(e).context("cannot read the cluster's runs"),
+            Ok(Ok(Err(e)) | Err(e)) => return Err(unread("runs")(e)),
             Err(_) => tracing::warn!(
                 "cluster: the view of the cluster's runs is still being read; going on"
             ),
         }
         let pauses = follow(&bridge, cluster.records.pauses.clone())
             .await
-            .context("cannot read the cluster's pauses")?;
+            .map_err(unread("pauses"))?;
         let approvals = follow(&bridge, cluster.approval_records())
             .await
-            .context("cannot read the cluster's approvals")?;
+            .map_err(unread("approvals"))?;
         let store = Arc::new(MemberStore {
             local,
             view,
