@@ -2,7 +2,17 @@
 //! `posix_spawn` clones (shared memory, a small stack of its own, the parent waiting until
 //! the exec), and the child's few steps before its exec.
 
-use super::*;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use super::child::*;
 
 /// The kernel's `struct clone_args` (the first 88 bytes, which include `cgroup`).
 #[repr(C)]
@@ -214,17 +224,12 @@ fn clone_and_exec(
     let input = tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w)?;
     let out = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r)?;
     let err = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r)?;
-    Ok(StepProcess {
-        pid: pid as u32,
-        stdin: Some(Box::new(input)),
-        stdout: Some(Box::new(out)),
-        stderr: Some(Box::new(err)),
-        child: Child::Pidfd(PidfdChild {
-            pid,
-            pidfd,
-            reaped: false,
-        }),
-    })
+    Ok(StepProcess::from_pidfd(
+        pid,
+        pidfd,
+        [Box::new(input)],
+        [Box::new(out), Box::new(err)],
+    ))
 }
 
 /// Clones the child: on a thread that carries its socket filter when one is idle (the

@@ -62,7 +62,7 @@ impl std::fmt::Debug for Filter {
 unsafe impl Send for Filter {}
 unsafe impl Sync for Filter {}
 
-/// What a step may do over UDP under `net`, for the run record and the README.
+/// What a step may do over UDP under `net`, for the run record and docs/sandbox.md.
 pub fn udp(net: &Net) -> &'static str {
     match net {
         Net::None => "no UDP, raw or packet sockets",

@@ -17,15 +17,20 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::launch;
+use super::outcome::{Ending, StepOutcome};
 use super::pipes::{read_capped, read_control};
-use super::{
-    launch, metering, recv_metered, stop_group, Contained, Ending, Metered, StepOutcome,
-    StepRequest, CANCEL_GRACE, CGROUP_DRAIN, DRAIN_WAIT, STDERR_TAIL, STDOUT_CAP,
-};
-use crate::budget::BudgetGuard;
+use super::request::{Metered, Metering, StepRequest};
+use crate::budget::{Breach, BudgetGuard};
+use crate::containment::StepCgroup;
 use crate::control::{self, Message};
 use crate::limits::LimitGroups;
-use crate::process::StepProcess;
+use crate::process::{Exit, StepProcess};
+
+/// How much of stdout is kept (the rest is drained and dropped).
+pub const STDOUT_CAP: usize = 1 << 20;
+/// How much of the end of stderr is kept.
+pub const STDERR_TAIL: usize = 16 << 10;
 
 /// Where a step stands.
 enum StepState {
@@ -338,5 +343,63 @@ impl Running {
         if self.out.ending == Ending::Exited {
             self.out.ending = Ending::Breach(breach);
         }
+    }
+}
+
+/// SIGTERM → SIGKILL for a run the daemon cancels (it has had its grace already).
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
+/// How long to wait for pipes to reach EOF once the group is gone.
+const DRAIN_WAIT: Duration = Duration::from_millis(500);
+
+/// What must die with a step: its process group and its cgroup. Normally the step's end
+/// sweeps both and empties this; a drop with anything left kills it.
+struct Contained {
+    pgid: Option<Pid>,
+    cgroup: Option<StepCgroup>,
+}
+
+impl Drop for Contained {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+        if let Some(cgroup) = self.cgroup.take() {
+            cgroup.kill();
+        }
+    }
+}
+
+/// The longest a step's end waits for its killed cgroup to empty.
+const CGROUP_DRAIN: Duration = Duration::from_secs(1);
+
+/// SIGTERM the group, wait out the grace, then SIGKILL; returns how the child ended.
+async fn stop_group(child: &mut StepProcess, pgid: Option<Pid>, grace: Duration) -> Option<Exit> {
+    if let Some(pgid) = pgid {
+        let _ = killpg(pgid, Signal::SIGTERM);
+    }
+    if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
+        return status.ok();
+    }
+    if let Some(pgid) = pgid {
+        let _ = killpg(pgid, Signal::SIGKILL);
+    }
+    child.start_kill();
+    child.wait().await.ok()
+}
+
+/// The next metered charge; pending forever when there is no feed (its arm is off then).
+async fn recv_metered(metered: &mut Option<Metered>) -> Option<Metering> {
+    match metered {
+        Some(m) => m.charges.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Counts one metering in the guard; a breach if it took the budget over a cap (a
+/// refused spend always does).
+fn metering(guard: &mut BudgetGuard, m: Metering) -> Option<Breach> {
+    match m {
+        Metering::Charge(resource, amount) => guard.meter(resource, amount),
+        Metering::Refused(cap, asked) => Some(guard.refused(cap, asked)),
     }
 }

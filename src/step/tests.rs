@@ -1,7 +1,13 @@
 //! The supervisor on real processes, started whichever way this machine allows
 //! (straight into a cgroup where steward may create them, `posix_spawn` elsewhere).
 
-use std::time::Instant;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::budget::BudgetGuard;
 
 use super::*;
 
