@@ -12,6 +12,7 @@
 //! *in doubt*, which only an operator can settle.
 
 mod group;
+mod memory;
 mod model;
 mod sled_store;
 
@@ -19,6 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use model::*;
+pub use memory::MemoryStore;
 pub use sled_store::BACKGROUND_FLUSH_MS;
 
 /// A handle on the state folder's store; clones share it.
