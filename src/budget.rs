@@ -13,7 +13,11 @@
 //! reports fell short.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock (the system's, but for a runtime whose time a test has paused): the
+// runtime cap and the runtime figure go by the same clock as the step's timers.
+use tokio::time::Instant;
 
 use serde::Serialize;
 

@@ -113,6 +113,8 @@ pub struct Engine {
     /// Told of every run's terminal record, once it is durable: the daemon's followers
     /// (`after` triggers) hear of their upstream's end through it. Must not block.
     pub ended: Option<RunEnded>,
+    /// What starts each step's process: real processes, or a stand-in in tests.
+    pub launcher: std::sync::Arc<dyn crate::step::Launcher>,
     /// Runs between their fire and their terminal record: a run's flush waits for the
     /// others to share it when there are several (see `crate::store::Backend::flush_among`).
     in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -161,18 +163,23 @@ pub fn open(
 ) -> std::result::Result<(Engine, crate::store::Recovery), EngineError> {
     std::fs::create_dir_all(state_dir)?;
     let (store, recovery) = Store::open(state_dir)?;
-    let runlog = RunLog::open(state_dir)?;
-    Ok((
-        Engine {
-            store,
-            runlog,
-            state_dir: state_dir.to_path_buf(),
-            metrics: Default::default(),
-            alerts: Default::default(),
-            gateway: None,
-            ended: None,
-            in_flight: Default::default(),
-        },
-        recovery,
-    ))
+    Ok((with_store(store, state_dir)?, recovery))
+}
+
+/// The engine on `store`, its runlog and scratch folders under `state_dir`: with
+/// [`crate::store::MemoryStore`] and a [`crate::step::TestLauncher`], the engine's rules
+/// run in-process with nothing kept.
+pub fn with_store(store: Store, state_dir: &Path) -> Result<Engine> {
+    std::fs::create_dir_all(state_dir)?;
+    Ok(Engine {
+        store,
+        runlog: RunLog::open(state_dir)?,
+        state_dir: state_dir.to_path_buf(),
+        metrics: Default::default(),
+        alerts: Default::default(),
+        gateway: None,
+        ended: None,
+        launcher: std::sync::Arc::new(crate::step::Processes),
+        in_flight: Default::default(),
+    })
 }

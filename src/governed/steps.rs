@@ -87,6 +87,7 @@ impl Engine {
                 wf.limits
             },
             metered: gateway.as_mut().and_then(|g| g.metered.take()),
+            launcher: self.launcher.as_ref(),
         };
         let figures_before = guard.is_some();
         let mut guard = guard;

@@ -41,6 +41,16 @@ pub struct StepProcess {
 enum Child {
     Tokio(tokio::process::Child),
     Pidfd(PidfdChild),
+    StandIn(Box<dyn StandIn>),
+}
+
+/// What stands in for a process in tests of the supervisor and the engine (a scripted
+/// child, as watchexec's `TestChild`): something that ends, and can be killed.
+pub trait StandIn: Send {
+    /// Resolves when the stand-in has ended (called again after, it resolves at once).
+    fn wait(&mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = Exit> + Send + '_>>;
+    /// Ends it as a SIGKILL would.
+    fn kill(&mut self);
 }
 
 impl StepProcess {
@@ -76,11 +86,28 @@ impl StepProcess {
         }
     }
 
+    /// A stand-in for a process: pid 0 (no process group to signal), its pipes as given.
+    pub fn stand_in(
+        stdin: Input,
+        stdout: Output,
+        stderr: Output,
+        child: Box<dyn StandIn>,
+    ) -> StepProcess {
+        StepProcess {
+            pid: 0,
+            stdin: Some(stdin),
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            child: Child::StandIn(child),
+        }
+    }
+
     /// Waits for the process to exit and reaps it.
     pub async fn wait(&mut self) -> io::Result<Exit> {
         match &mut self.child {
             Child::Tokio(c) => c.wait().await.map(exit_of),
             Child::Pidfd(c) => c.wait().await,
+            Child::StandIn(c) => Ok(c.wait().await),
         }
     }
 
@@ -91,6 +118,7 @@ impl StepProcess {
                 let _ = c.start_kill();
             }
             Child::Pidfd(c) => c.kill(),
+            Child::StandIn(c) => c.kill(),
         }
     }
 }

@@ -17,5 +17,5 @@
 mod child;
 mod clone3;
 
-pub use child::{Exit, Input, Output, StepProcess};
+pub use child::{Exit, Input, Output, StandIn, StepProcess};
 pub use clone3::{join_cgroups, spawn_into_cgroup, Launch};

@@ -11,13 +11,44 @@ use tokio::process::Command;
 use crate::containment::StepCgroup;
 use crate::process::{Launch, StepProcess};
 
-pub(super) fn spawn(
+/// What starts a step's process: [`Processes`] for real; a stand-in (such as
+/// [`super::TestLauncher`]) where the supervisor's and the engine's rules are tested
+/// without processes.
+pub trait Launcher: Send + Sync {
+    /// Starts the step: its process, the read end of its control pipe (its fd 3), and
+    /// the cgroup it runs in, if any.
+    fn spawn(&self, step: Spawn<'_>) -> std::io::Result<Spawned>;
+}
+
+/// A step to start: its argv, folder, whole environment, confinement, and the
+/// `cgroup.procs` of its caps to join before its exec.
+pub struct Spawn<'a> {
+    pub argv: &'a [String],
+    pub cwd: &'a Path,
+    pub env: &'a [(String, String)],
+    pub sandbox: crate::sandbox::ChildConfinement,
+    pub join: &'a [RawFd],
+}
+
+/// A started step: its process, its control pipe's read end, its cgroup.
+pub type Spawned = (StepProcess, OwnedFd, Option<StepCgroup>);
+
+/// Real processes, started as [`crate::process`] says.
+pub struct Processes;
+
+impl Launcher for Processes {
+    fn spawn(&self, step: Spawn<'_>) -> std::io::Result<Spawned> {
+        spawn(step.argv, step.cwd, step.env, step.sandbox, step.join)
+    }
+}
+
+fn spawn(
     argv: &[String],
     cwd: &Path,
     env: &[(String, String)],
     sandbox: crate::sandbox::ChildConfinement,
     join: &[RawFd],
-) -> std::io::Result<(StepProcess, OwnedFd, Option<StepCgroup>)> {
+) -> std::io::Result<Spawned> {
     let Some((program, args)) = argv.split_first() else {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,

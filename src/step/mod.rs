@@ -13,12 +13,14 @@ mod outcome;
 mod pipes;
 mod request;
 mod supervise;
+mod test_child;
 
 pub use crate::process::Exit;
-pub use launch::{reserve_control_fd, spawn_lock};
+pub use launch::{reserve_control_fd, spawn_lock, Launcher, Processes, Spawn, Spawned};
 pub use outcome::{Ending, StepOutcome};
 pub use request::{Metered, Metering, StepKind, StepRequest};
 pub use supervise::{run_step, STDERR_TAIL, STDOUT_CAP};
+pub use test_child::{Script, Started, TestChild, TestLauncher};
 
 /// Names passed through from steward's own environment to every step and helper.
 const PASSTHROUGH: &[&str] = &[

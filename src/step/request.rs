@@ -48,6 +48,8 @@ pub struct StepRequest<'a> {
     /// Spend steward measures itself while the step runs (the model gateway's calls):
     /// charged as it arrives, like a report on fd 3, through [`BudgetGuard::meter`].
     pub metered: Option<Metered>,
+    /// What starts its process.
+    pub launcher: &'a dyn super::Launcher,
 }
 
 /// What a meter steward runs itself tells the step.

@@ -8,16 +8,17 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::launch;
+use super::launch::Spawn;
 use super::outcome::{Ending, StepOutcome};
 use super::pipes::{read_capped, read_control};
 use super::request::{Metered, Metering, StepRequest};
@@ -153,14 +154,19 @@ fn start(req: &mut StepRequest<'_>, started: Instant) -> StepState {
     let confinement = req
         .sandbox
         .map_or(crate::sandbox::ChildConfinement::NONE, |s| s.child());
-    let (mut child, control_fd, cgroup) =
-        match launch::spawn(req.argv, req.cwd, req.env, confinement, &join) {
-            Ok(spawned) => spawned,
-            Err(e) => {
-                let program = req.argv.first().map(String::as_str).unwrap_or("");
-                return not_started(format!("cannot start {program}: {e}"), started);
-            }
-        };
+    let (mut child, control_fd, cgroup) = match req.launcher.spawn(Spawn {
+        argv: req.argv,
+        cwd: req.cwd,
+        env: req.env,
+        sandbox: confinement,
+        join: &join,
+    }) {
+        Ok(spawned) => spawned,
+        Err(e) => {
+            let program = req.argv.first().map(String::as_str).unwrap_or("");
+            return not_started(format!("cannot start {program}: {e}"), started);
+        }
+    };
     // The group id is the child's pid (it was started in a process group of its own).
     // Never 0: killpg(0) would signal steward's own group.
     let pgid = (child.pid > 0).then(|| Pid::from_raw(child.pid as i32));

@@ -19,6 +19,7 @@ async fn run(argv: &[&str], cwd: &Path, stdin: &str) -> StepOutcome {
     ];
     run_step(
         StepRequest {
+            launcher: &Processes,
             kind: StepKind::Run,
             argv: &argv,
             cwd,
@@ -109,6 +110,7 @@ async fn metered_spend_over_the_cap_kills_a_step_that_reports_nothing() {
     let started = Instant::now();
     let out = run_step(
         StepRequest {
+            launcher: &Processes,
             kind: StepKind::Run,
             argv: &argv,
             cwd: dir.path(),
@@ -171,6 +173,7 @@ async fn a_spend_refused_before_it_happened_ends_the_step_exhausted() {
         .unwrap();
     let out = run_step(
         StepRequest {
+            launcher: &Processes,
             kind: StepKind::Run,
             argv: &argv,
             cwd: dir.path(),

@@ -19,8 +19,8 @@ mod sled_store;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use model::*;
 pub use memory::MemoryStore;
+pub use model::*;
 pub use sled_store::BACKGROUND_FLUSH_MS;
 
 /// A handle on the state folder's store; clones share it.
