@@ -253,15 +253,15 @@ impl Running {
                     None => self.control_open = false,
                 },
                 _ = self.activity.notified() => last_progress = Instant::now(),
-                _ = tokio::time::sleep_until(runtime_deadline.unwrap_or(far).into()), if runtime_deadline.is_some() => {
+                _ = tokio::time::sleep_until(runtime_deadline.unwrap_or(far)), if runtime_deadline.is_some() => {
                     if let Some(g) = guard.as_ref() {
                         return Ending::Breach(g.runtime_breach());
                     }
                 }
-                _ = tokio::time::sleep_until(timeout_deadline.unwrap_or(far).into()), if timeout_deadline.is_some() => {
+                _ = tokio::time::sleep_until(timeout_deadline.unwrap_or(far)), if timeout_deadline.is_some() => {
                     return Ending::TimedOut(req.timeout.unwrap_or_default());
                 }
-                _ = tokio::time::sleep_until(stall_at.unwrap_or(far).into()), if stall_at.is_some() => {
+                _ = tokio::time::sleep_until(stall_at.unwrap_or(far)), if stall_at.is_some() => {
                     return Ending::Stalled(req.stall_timeout.unwrap_or_default());
                 }
                 _ = req.cancel.cancelled() => return Ending::Cancelled,
