@@ -21,8 +21,8 @@ use crate::drain;
 use crate::governed::{Engine, Fire};
 use crate::live::Ask;
 use crate::runner::{Job, Outcome, Runner};
+use crate::schedule::Catchup;
 use crate::store::RunState;
-use crate::trigger::schedule::Catchup;
 
 /// Missed fires recorded one by one at start-up; beyond this they are only counted.
 const MAX_MISSED_RECORDS: usize = 100;

@@ -42,38 +42,28 @@ pub mod agency;
 pub mod agent;
 pub mod alert;
 pub mod api;
-pub mod budget;
 pub mod catchup;
 pub mod chain;
 pub mod cli;
 pub mod cluster;
 pub mod config;
-pub mod containment;
-pub mod control;
 pub mod control_socket;
 pub mod daemon;
 pub mod dashboard;
 pub mod drain;
 pub mod expect;
 pub mod gateway;
-pub mod governed;
-pub mod helper;
+pub mod hooks;
 pub mod ledger;
-pub mod limits;
 pub mod listener;
-pub mod live;
 pub mod mail;
-pub mod metrics;
-pub mod process;
-pub mod redact;
-pub mod runlog;
-pub mod runner;
-pub mod sandbox;
 pub mod scaffold;
-pub mod secret;
 pub mod service;
-pub mod step;
-pub mod store;
-pub mod template;
-pub mod throttle;
 pub mod trigger;
+
+// The run engine (crates/engine), under the same paths as the features' own modules.
+pub use steward_engine::{
+    alerts, budget, calendar, containment, control, governed, helper, limits, live, metering,
+    metrics, process, redact, runlog, runner, sandbox, schedule, secret, step, store, template,
+    throttle, workflow,
+};

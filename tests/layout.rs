@@ -11,7 +11,11 @@ use std::path::Path;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// Source files by module path (`config::agent`, `runner`; `crate` for lib.rs).
+/// The source trees: the engine crate's and the features' and binary's (this package).
+const TREES: [&str; 2] = ["crates/engine/src", "src"];
+
+/// Source files by module path (`workflow::parse`, `runner`; `crate` for the package's
+/// lib.rs), over both crates: the engine's modules are re-exported under the same paths.
 fn modules() -> BTreeMap<String, String> {
     fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         for entry in std::fs::read_dir(dir).unwrap().flatten() {
@@ -23,23 +27,40 @@ fn modules() -> BTreeMap<String, String> {
             }
         }
     }
-    let src = Path::new(ROOT).join("src");
-    let mut files = Vec::new();
-    walk(&src, &mut files);
-    files
-        .into_iter()
-        .map(|p| {
+    let mut mods = BTreeMap::new();
+    for tree in TREES {
+        let src = Path::new(ROOT).join(tree);
+        let mut files = Vec::new();
+        walk(&src, &mut files);
+        for p in files {
             let rel = p.strip_prefix(&src).unwrap().with_extension("");
             let mut name = rel.to_string_lossy().replace('/', "::");
             if let Some(folder) = name.strip_suffix("::mod") {
                 name = folder.to_string();
             }
             if name == "lib" {
+                if tree != "src" {
+                    // The engine's lib.rs only declares its modules.
+                    continue;
+                }
                 name = "crate".into();
             }
-            (name, std::fs::read_to_string(&p).unwrap())
-        })
-        .collect()
+            let text = std::fs::read_to_string(&p).unwrap();
+            assert!(
+                mods.insert(name.clone(), text).is_none(),
+                "module `{name}` is in both crates"
+            );
+        }
+    }
+    mods
+}
+
+/// The folder a module's files are in, whichever crate holds it.
+fn folder_of(name: &str) -> Option<std::path::PathBuf> {
+    TREES
+        .iter()
+        .map(|tree| Path::new(ROOT).join(tree).join(name.replace("::", "/")))
+        .find(|dir| dir.join("mod.rs").exists())
 }
 
 /// The module a path names: its longest prefix that is a module.
@@ -98,12 +119,7 @@ fn imports(mods: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>
             .map(|l| l.split("//").next().unwrap_or(""))
             .collect::<Vec<_>>()
             .join("\n");
-        let is_folder = name == "crate"
-            || Path::new(ROOT)
-                .join("src")
-                .join(name.replace("::", "/"))
-                .join("mod.rs")
-                .exists();
+        let is_folder = name == "crate" || folder_of(name).is_some();
         // Where `super::` points: the module's parent (a file's folder, a folder's parent).
         let parent = |of: &str| {
             of.rsplit_once("::")
@@ -196,6 +212,77 @@ fn no_two_source_files_import_each_other_in_a_circle() {
         edges["runner"].contains("governed"),
         "the scan sees imports"
     );
+}
+
+/// Crates the engine must not depend on, directly or through another crate: the web,
+/// mail, feed, model-gateway and cluster crates of the features above it.
+const NOT_IN_THE_ENGINE: [&str; 8] = [
+    "axum",
+    "lettre",
+    "feed-rs",
+    "reqwest",
+    "scraper",
+    "async-nats",
+    "hyper",
+    "hyper-util",
+];
+
+#[test]
+fn the_engine_crate_depends_on_no_web_mail_feed_gateway_or_cluster_crate() {
+    let manifest =
+        std::fs::read_to_string(Path::new(ROOT).join("crates/engine/Cargo.toml")).unwrap();
+    let listed: Vec<&str> = manifest
+        .split("[dependencies]")
+        .nth(1)
+        .expect("the engine's Cargo.toml has [dependencies]")
+        .split("\n[")
+        .next()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split('=').next())
+        .map(str::trim)
+        .filter(|name| !name.is_empty() && !name.starts_with('#'))
+        .collect();
+    assert!(listed.contains(&"sled"), "the list was read: {listed:?}");
+    for name in NOT_IN_THE_ENGINE {
+        assert!(!listed.contains(&name), "the engine lists {name}");
+    }
+    // And none arrives through another crate: the resolved tree, from the lock file.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let tree = std::process::Command::new(cargo)
+        .args([
+            "tree",
+            "--offline",
+            "--locked",
+            "-p",
+            "steward-engine",
+            "-e",
+            "normal",
+        ])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .current_dir(ROOT)
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        tree.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tree.stderr)
+    );
+    let resolved: BTreeSet<String> = String::from_utf8_lossy(&tree.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    assert!(
+        resolved.contains("sled") && resolved.contains("tokio"),
+        "{resolved:?}"
+    );
+    for name in NOT_IN_THE_ENGINE {
+        assert!(
+            !resolved.contains(name),
+            "the engine depends on {name} through another crate"
+        );
+    }
 }
 
 /// The module map of `docs/architecture.md`: entry (module or folder) → layer.

@@ -9,7 +9,7 @@ use lettre::message::Mailbox;
 use lettre::{AsyncTransport, Message};
 use serde_json::json;
 
-use super::message::Alert;
+use crate::alerts::Alert;
 use crate::config::notify::{ChannelKind, NotifyChannel, WebhookFormat};
 use crate::config::Smtp;
 use crate::redact::Redactor;

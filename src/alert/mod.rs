@@ -18,10 +18,9 @@
 //! too, so a restart neither repeats an alert inside its `every` nor forgets one held.
 
 mod deliver;
-mod message;
 mod owed;
 
-pub use message::Alert;
+pub use crate::alerts::{Alert, Alerts, Event};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,16 +28,14 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use crate::config::notify::Event;
+use crate::alerts::Raise;
 use crate::config::notify::NotifyChannel;
 use crate::config::Smtp;
 use crate::runlog::RunLog;
 
-/// Where alerts are raised; clones share one state. `Alerts::default()` sends nothing
-/// (the CLI's own process, tests of the engine alone).
-#[derive(Clone, Default)]
-pub struct Alerts {
-    inner: Option<Arc<Inner>>,
+/// The daemon's dispatcher: what [`Alerts`] raised through it goes to the channels.
+struct Dispatcher {
+    inner: Arc<Inner>,
 }
 
 /// The channels alerts go to now, and the relay email channels use.
@@ -117,23 +114,19 @@ impl Gate {
     }
 }
 
-impl Alerts {
-    /// Whether any channel wants `event` (so a caller can skip the work of finding out).
-    pub fn wants(&self, event: Event) -> bool {
-        self.inner.as_ref().is_some_and(|i| {
-            i.current
-                .borrow()
-                .channels
-                .list
-                .iter()
-                .any(|ch| ch.events.contains(&event))
-        })
+impl Raise for Dispatcher {
+    fn wants(&self, event: Event) -> bool {
+        self.inner
+            .current
+            .borrow()
+            .channels
+            .list
+            .iter()
+            .any(|ch| ch.events.contains(&event))
     }
 
-    /// Sends `alert` to the channels that want it, now or once their wait is over;
-    /// never waits itself.
-    pub fn raise(&self, alert: Alert) {
-        let Some(inner) = &self.inner else { return };
+    fn raise(&self, alert: Alert) {
+        let inner = &self.inner;
         let current = inner.current.borrow().clone();
         let mut gates = inner.gates.lock().unwrap_or_else(|p| p.into_inner());
         for (i, channel) in current.channels.list.iter().enumerate() {
@@ -370,7 +363,7 @@ pub fn start(
                 owed: owed::Owed::new(store),
             });
             inner.restore();
-            Alerts { inner: Some(inner) }
+            Alerts::to(Arc::new(Dispatcher { inner }))
         }
         Err(e) => {
             tracing::error!("alerts are off: no async runtime to deliver them on ({e})");

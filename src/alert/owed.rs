@@ -11,7 +11,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::message::Alert;
+use crate::alerts::Alert;
 use crate::config::notify::Event;
 use crate::store::Store;
 

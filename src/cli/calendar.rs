@@ -8,9 +8,9 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Result};
 use chrono::{DateTime, Utc};
 
+use crate::calendar::{Calendar, Fire, Kind};
 use crate::config::{self, ScheduleTrigger, Trigger};
-use crate::trigger::calendar::{Calendar, Fire, Kind};
-use crate::trigger::schedule::{parse_zone, Schedule};
+use crate::schedule::{parse_zone, Schedule};
 
 /// What to preview: how many fires, after when, and in which form.
 pub struct Preview {

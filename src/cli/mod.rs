@@ -30,7 +30,7 @@ pub use args::{
 use crate::api::{Request, Response};
 use crate::config;
 use crate::daemon;
-use crate::governed::{self, Engine};
+use crate::governed::Engine;
 use crate::runner::Runner;
 use crate::service::Service;
 use output::print_out;
@@ -458,7 +458,7 @@ fn answer_here(config: &Path, state: &Path, request: Request) -> Result<Response
         )
         .await
         {
-            Ok(g) => Some(g),
+            Ok(g) => Some(std::sync::Arc::new(g)),
             Err(e) => {
                 eprintln!("steward: no model gateway in this process (workflows with [gateway] cannot run): {e}");
                 None
@@ -514,7 +514,7 @@ const LOCAL_MAX_CONCURRENT: usize = 8;
 
 /// Opens the state folder's engine, telling what its recovery found, and returning it.
 fn open_engine_recovered(state: &Path) -> Result<(Engine, crate::store::Recovery)> {
-    let (engine, recovery) = governed::open(state)
+    let (engine, recovery) = crate::hooks::open(state)
         .with_context(|| format!("cannot open state folder {}", state.display()))?;
     report_recovery(&recovery);
     Ok((engine, recovery))

@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::file::{list_or_none, ConfigError};
-use super::workflow::Workflow;
+use crate::workflow::file::{list_or_none, ConfigError};
+use crate::workflow::Workflow;
 
 /// The problems of the `after` triggers of `workflows` (workflows in `broken` failed to
 /// load: their own errors say why, and naming them is no error here).

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::file::{list_or_none, read_toml, toml_files, valid_id, ConfigError};
-use super::workflow::{ScheduleTrigger, Workflow};
+use crate::workflow::file::{list_or_none, read_toml, toml_files, valid_id, ConfigError};
+use crate::workflow::{ScheduleTrigger, Workflow};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -196,7 +196,7 @@ pub fn load(
             }
         }
         if let Some(s) = &a.trigger.schedule {
-            if let Err(e) = crate::trigger::schedule::Schedule::parse(s) {
+            if let Err(e) = crate::schedule::Schedule::parse(s) {
                 problems.push(at_key("trigger.schedule", e.to_string()));
             }
         }

@@ -13,9 +13,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::file::{read_toml, toml_files, valid_id, ConfigError};
-use super::workflow::{Overlap, Retry, ScheduleTrigger, StepCommand, Trigger, Workflow};
 use crate::budget::Caps;
+use crate::workflow::file::{read_toml, toml_files, valid_id, ConfigError};
+use crate::workflow::{Overlap, Retry, ScheduleTrigger, StepCommand, Trigger, Workflow};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -121,7 +121,7 @@ struct RawAgent {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAgentGateway {
-    providers: Vec<crate::gateway::meter::Provider>,
+    providers: Vec<crate::metering::meter::Provider>,
     models: Vec<String>,
 }
 
@@ -325,9 +325,9 @@ pub fn load(
                     catchup_window_s: Some(agent.expiry_days * 86_400),
                     jitter: None,
                 };
-                if let Err(e) = crate::trigger::schedule::Schedule::parse(&s) {
+                if let Err(e) = crate::schedule::Schedule::parse(&s) {
                     let key = match e {
-                        crate::trigger::schedule::ScheduleError::Timezone(_) => "timezone",
+                        crate::schedule::ScheduleError::Timezone(_) => "timezone",
                         _ => "schedule",
                     };
                     errors.push(ConfigError::at_key(&file, &text, key, e.to_string()));
@@ -347,7 +347,7 @@ pub fn load(
             raw.max_runtime_s,
             hex::encode(hash.finalize()),
             raw.gateway
-                .map(|g| super::gateway::GatewayUse::new(g.providers, g.models)),
+                .map(|g| crate::workflow::gateway::GatewayUse::new(g.providers, g.models)),
         ));
         agents.push(agent);
     }
@@ -387,7 +387,7 @@ fn workflow_for(
     dry_run: bool,
     max_runtime_s: Option<u64>,
     config_hash: String,
-    gateway: Option<super::gateway::GatewayUse>,
+    gateway: Option<crate::workflow::gateway::GatewayUse>,
 ) -> Workflow {
     let exe = std::env::current_exe()
         .map(|p| p.to_string_lossy().into_owned())
@@ -440,11 +440,11 @@ fn workflow_for(
         limits: Default::default(),
         // Its steps are steward's own code (fetching feeds, writing the vault), not a
         // maker to distrust.
-        sandbox_own: super::sandbox::SandboxSettings {
+        sandbox_own: crate::workflow::sandbox::SandboxSettings {
             enabled: Some(false),
             ..Default::default()
         },
-        sandbox: super::sandbox::Sandbox {
+        sandbox: crate::workflow::sandbox::Sandbox {
             enabled: false,
             ..Default::default()
         },

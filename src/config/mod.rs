@@ -9,25 +9,17 @@ pub mod agency;
 pub mod agent;
 pub mod cluster;
 pub mod dashboard;
-pub mod file;
-pub mod gateway;
 pub mod notify;
-pub mod parse;
-pub mod sandbox;
 pub mod settings;
-pub mod workflow;
+
+// A workflow's own config is the engine's.
+pub use crate::workflow::{file, gateway, parse, sandbox};
+pub use crate::workflow::{types as workflow, *};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use file::{line_col, list_or_none, parse_toml, read_toml, toml_files, valid_id, ConfigError};
-pub use parse::{load_file, parse_workflow};
-pub use sandbox::{Sandbox, SandboxSettings};
 pub use settings::{RetentionSettings, Settings, Smtp, SmtpSecurity};
-pub use workflow::{
-    Backoff, EnvValue, Expect, FileTrigger, Overlap, Retry, ScheduleTrigger, SpendWindow,
-    StepCommand, Trigger, WebhookTrigger, Workflow, DEFAULT_COMMIT_TIMEOUT_S, DEFAULT_KILL_GRACE_S,
-};
 
 /// A workflow id the config does not have.
 #[derive(Debug, Clone, thiserror::Error)]

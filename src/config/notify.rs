@@ -3,67 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What an alert is about. The names are the ones a channel's `events` lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Event {
-    /// A run ended failed, exhausted or stagnated (it is in the dead-letter queue).
-    DeadLetter,
-    /// A run's checker escalated: it waits in the review queue.
-    ReviewWaiting,
-    /// The circuit breaker paused a workflow.
-    BreakerOpen,
-    /// A workflow's `[budget.window]` was reached: it is paused.
-    BudgetWindow,
-    /// Scheduled slots passed while steward was not running.
-    Missed,
-    /// No run ended successfully within `[expect] within` of a slot (or `at_least`).
-    Overdue,
-    /// A commit may or may not have happened: its key waits for `steward in-doubt`.
-    InDoubt,
-    /// A workflow approved for go-live was edited: it runs dry until approved again.
-    GoLiveNeeded,
-    /// The first success after a run of failures.
-    Recovered,
-    /// A workflow fired far more often than its schedule or `[expect]` allows.
-    TooOften,
-}
-
-impl Event {
-    pub const ALL: [Event; 10] = [
-        Event::DeadLetter,
-        Event::ReviewWaiting,
-        Event::BreakerOpen,
-        Event::BudgetWindow,
-        Event::Missed,
-        Event::Overdue,
-        Event::InDoubt,
-        Event::GoLiveNeeded,
-        Event::Recovered,
-        Event::TooOften,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Event::DeadLetter => "dead_letter",
-            Event::ReviewWaiting => "review_waiting",
-            Event::BreakerOpen => "breaker_open",
-            Event::BudgetWindow => "budget_window",
-            Event::Missed => "missed",
-            Event::Overdue => "overdue",
-            Event::InDoubt => "in_doubt",
-            Event::GoLiveNeeded => "go_live_needed",
-            Event::Recovered => "recovered",
-            Event::TooOften => "too_often",
-        }
-    }
-}
-
-impl std::fmt::Display for Event {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::alerts::Event;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]

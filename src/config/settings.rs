@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::file::read_toml;
+use crate::workflow::file::read_toml;
 
 /// `config/steward.toml`: settings for the whole daemon (optional file).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -26,9 +26,9 @@ pub struct Settings {
     /// How many finished run records the store keeps.
     #[serde(default)]
     pub retention: Option<RetentionSettings>,
-    /// Every workflow's default `[sandbox]` (see [`super::sandbox`]).
+    /// Every workflow's default `[sandbox]` (see [`crate::workflow::sandbox`]).
     #[serde(default)]
-    pub sandbox: Option<super::sandbox::SandboxSettings>,
+    pub sandbox: Option<crate::workflow::sandbox::SandboxSettings>,
     /// The web dashboard and `/metrics` (see [`super::dashboard`]).
     #[serde(default)]
     pub dashboard: super::dashboard::DashboardSettings,
@@ -38,7 +38,7 @@ pub struct Settings {
     /// The metered model gateway: upstreams, prices, listen address (see
     /// [`super::gateway`]).
     #[serde(default)]
-    pub gateway: super::gateway::GatewaySettings,
+    pub gateway: crate::workflow::gateway::GatewaySettings,
     /// `[cluster]`: several daemons sharing work through NATS JetStream (see
     /// [`super::cluster`]); without it, sled in the state folder.
     #[serde(default)]

@@ -255,7 +255,7 @@ async fn start_gateway(
         "model gateway: http://{} (for workflows with [gateway])",
         gateway.addr
     );
-    engine.gateway = Some(gateway);
+    engine.gateway = Some(Arc::new(gateway));
     Ok(())
 }
 

@@ -34,7 +34,7 @@ pub(super) fn open_engine(opts: &Options) -> Result<(governed::Engine, Recovery,
     if let Some(warning) = crate::store::openness(&state_dir) {
         tracing::warn!("{warning}");
     }
-    match governed::open(&state_dir) {
+    match crate::hooks::open(&state_dir) {
         Ok((engine, recovery)) => Ok((engine, recovery, state_dir)),
         Err(governed::EngineError::Store(e @ StoreError::Locked { .. })) => Err(anyhow!(
             "{e}: it is already taken, and only one daemon may run per state folder"

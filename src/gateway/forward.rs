@@ -3,11 +3,11 @@
 //! (`http://ADDR/anthropic`) with its per-run key; the gateway checks the key and the
 //! model, forwards the request to the real provider with the real key (which the step
 //! never sees), and passes the answer back as it arrives — a stream is never buffered —
-//! while [`super::meter`] reads what it spent. Each call ends in one [`Call`] to the
+//! while [`crate::metering::meter`] reads what it spent. Each call ends in one [`Call`] to the
 //! grant's sink.
 //!
 //! Before forwarding, the call's worst case is reserved out of the run's budget
-//! ([`super::reserve`]) and its output limit lowered to fit; a call the budget cannot
+//! ([`crate::metering::reserve`]) and its output limit lowered to fit; a call the budget cannot
 //! cover is refused (429) and the sink told, which ends the run exhausted. A stream whose
 //! output passes its reservation is cut at the next event.
 //!
@@ -28,11 +28,11 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::keys::{Call, Event, Grant, Registry};
-use super::meter::{self, Price, Provider, StreamMeter};
-use super::reserve;
 use crate::budget::Left;
 use crate::control::Resource;
+use crate::metering::keys::{Call, Event, Grant, Registry};
+use crate::metering::meter::{self, Price, Provider, StreamMeter};
+use crate::metering::reserve;
 
 /// The largest request body the gateway reads (prompts with images can be large).
 pub const MAX_REQUEST: usize = 32 << 20;
@@ -40,7 +40,7 @@ pub const MAX_REQUEST: usize = 32 << 20;
 /// The largest whole (not streamed) response the meter keeps a copy of to read its usage.
 const MAX_METERED_BODY: usize = 32 << 20;
 
-pub use super::keys::Upstream;
+pub use crate::metering::keys::Upstream;
 
 #[derive(Clone)]
 struct Gateway {
@@ -141,7 +141,7 @@ struct Admitted {
     request: Value,
     size: usize,
     model: String,
-    upstream: super::keys::Upstream,
+    upstream: crate::metering::keys::Upstream,
 }
 
 async fn call(
@@ -300,7 +300,7 @@ fn upstream_request(
     g: &Gateway,
     provider: Provider,
     endpoint: &str,
-    upstream: &super::keys::Upstream,
+    upstream: &crate::metering::keys::Upstream,
     request: &Value,
     headers: &HeaderMap,
 ) -> reqwest::RequestBuilder {

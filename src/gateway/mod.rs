@@ -10,18 +10,14 @@
 //! reads what it spent. Each call is charged to the run's budget as it ends. Agent CLIs
 //! with a transport of their own are metered from the usage they print ([`agent_cli`]).
 
-pub mod agent_cli;
 pub mod forward;
-pub mod keys;
-pub mod meter;
-pub mod reserve;
 
 use std::net::SocketAddr;
 
 use tokio_util::sync::CancellationToken;
 
-pub use keys::{Call, Event, Grant, Issued, Registry, Upstream};
-pub use meter::Provider;
+pub use crate::metering::{agent_cli, keys, meter, reserve};
+pub use crate::metering::{Call, Event, Grant, Issued, ModelGateway, Provider, Registry, Upstream};
 
 /// A running gateway: where it listens, and the keys it honours.
 #[derive(Clone)]
@@ -47,5 +43,19 @@ impl Gateway {
             Provider::Openai => format!("http://{}/openai/v1", self.addr),
             Provider::Anthropic => format!("http://{}/anthropic", self.addr),
         }
+    }
+}
+
+impl ModelGateway for Gateway {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    fn base_url(&self, provider: Provider) -> String {
+        Gateway::base_url(self, provider)
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
     }
 }

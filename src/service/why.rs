@@ -9,8 +9,8 @@ use super::context::{Handled, Service};
 use crate::api::Response;
 use crate::config::Workflow;
 use crate::ledger::{self, Entry};
+use crate::schedule::Schedule;
 use crate::store::RunQuery;
-use crate::trigger::schedule::Schedule;
 
 /// Run records read at most for one answer (a span's, or the slot's neighbours).
 const MAX_RECORDS: usize = 10_000;
@@ -177,7 +177,7 @@ fn newest_slots(
         let chunk = s.fires_between(from, until);
         walked += chunk.len();
         let Some(&last) = chunk.last() else { break };
-        let full = chunk.len() >= crate::trigger::schedule::MAX_MISSED;
+        let full = chunk.len() >= crate::schedule::MAX_MISSED;
         tail.extend(chunk);
         let keep = tail.len().saturating_sub(n);
         tail.drain(..keep);

@@ -77,7 +77,11 @@ pub(super) fn status(service: &Service) -> Handled {
         config_errors: running.errors,
         webhook_listen: daemon.webhook_listen(),
         dashboard_listen: daemon.dashboard_listen(),
-        gateway_listen: service.engine.gateway.as_ref().map(|g| g.addr.to_string()),
+        gateway_listen: service
+            .engine
+            .gateway
+            .as_ref()
+            .map(|g| g.addr().to_string()),
         process_containment: crate::containment::describe(),
         cluster: daemon.member().map(cluster_status),
     })))
@@ -171,7 +175,7 @@ fn agency_rows(config: &Config) -> Vec<WorkflowRow> {
                 .trigger
                 .schedule
                 .as_ref()
-                .and_then(|s| crate::trigger::schedule::Schedule::parse(s).ok());
+                .and_then(|s| crate::schedule::Schedule::parse(s).ok());
             let members: Vec<String> = a
                 .roster
                 .iter()

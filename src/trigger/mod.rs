@@ -3,12 +3,13 @@
 //! folder fed by `steward enqueue`) and [`webhook`] (signed HTTP POSTs). Manual fires come
 //! from `steward run`.
 
-pub mod calendar;
 pub mod cluster_queue;
 pub mod file;
 pub mod queue;
-pub mod schedule;
+
 pub mod webhook;
+
+pub use crate::{calendar, schedule};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 
-use super::calendar::{Calendar, Fire};
+use crate::calendar::{Calendar, Fire};
 
 /// A `schedule = { cron, timezone, catchup, catchup_window_s }` trigger as configured.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
@@ -59,7 +59,7 @@ impl Schedule {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ScheduleError {
     #[error("schedule.cron: {0}")]
-    Cron(super::calendar::BadCron),
+    Cron(crate::calendar::BadCron),
     #[error("{0}")]
     Timezone(BadZone),
     #[error("{0}")]

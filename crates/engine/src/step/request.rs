@@ -49,7 +49,7 @@ pub struct StepRequest<'a> {
     /// charged as it arrives, like a report on fd 3, through [`BudgetGuard::meter`].
     pub metered: Option<Metered>,
     /// What starts its process.
-    pub launcher: &'a dyn super::Launcher,
+    pub launcher: &'a dyn super::launch::Launcher,
 }
 
 /// What a meter steward runs itself tells the step.

@@ -5,10 +5,10 @@ use chrono::Utc;
 
 use super::env::StepEnv;
 use super::{Engine, EngineError, Result};
-use crate::config::Workflow;
 use crate::redact::Redactor;
 use crate::runlog::Entry;
 use crate::store::{Approval, KeyPhase, KeyRecord, RunRecord, RunState};
+use crate::workflow::Workflow;
 
 impl Engine {
     /// Records the operator's approval of the workflow's current config.

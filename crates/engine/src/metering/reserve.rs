@@ -183,7 +183,7 @@ pub fn charges(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::meter::Usage;
+    use crate::metering::meter::Usage;
     use serde_json::json;
 
     #[test]

@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
-use crate::config::{EnvValue, Workflow};
 use crate::redact::Redactor;
 use crate::step::StepOutcome;
 use crate::store::RunRecord;
+use crate::workflow::{EnvValue, Workflow};
 
 /// What a workflow's steps get besides the context: env and the redactor for its secrets.
 pub(super) struct StepEnv {

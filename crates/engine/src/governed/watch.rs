@@ -7,10 +7,10 @@
 use chrono::Utc;
 
 use super::{Engine, Result};
-use crate::alert::{Alert, Event};
+use crate::alerts::{Alert, Event};
 use crate::budget::Figures;
-use crate::config::{SpendWindow, Workflow};
 use crate::store::{KeyPhase, PauseCause, RunQuery, RunRecord, RunState};
+use crate::workflow::{SpendWindow, Workflow};
 
 /// Run records read per page when summing a spend window.
 const WINDOW_PAGE: usize = 500;

@@ -11,8 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Workflow;
 use crate::store::{Approval, Store, StoreError};
+use crate::workflow::Workflow;
 
 /// What the workflow's file and its go-live approval allow.
 #[derive(Debug, Clone, PartialEq)]

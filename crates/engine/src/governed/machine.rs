@@ -22,11 +22,11 @@ use super::env::{step_env, step_vars, StepEnv};
 use super::outcome::{failure, key_taken, parse_output, stopped, verdict_of, End, Verdict};
 use super::{Engine, EngineError, Fire, Result};
 use crate::budget::{BudgetGuard, Figures};
-use crate::config::Workflow;
 use crate::live::Mode;
 use crate::step::{Ending, Exit, StepKind};
 use crate::store::{AttemptRecord, KeyPhase, RunRecord, RunState, VerifyRecord};
 use crate::template;
+use crate::workflow::Workflow;
 
 /// Where a run stands between two transitions.
 enum Phase {

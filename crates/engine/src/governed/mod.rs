@@ -34,10 +34,10 @@ use std::path::{Path, PathBuf};
 use chrono::Utc;
 use serde_json::{json, Value};
 
-use crate::config::Workflow;
 use crate::live::LiveStatus;
 use crate::runlog::RunLog;
 use crate::store::{RunRecord, Store, StoreError};
+use crate::workflow::Workflow;
 use env::StepEnv;
 
 #[derive(Debug, thiserror::Error)]
@@ -106,13 +106,16 @@ pub struct Engine {
     /// Counts every run that ends (served at the dashboard's `/metrics`).
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Where alerts go (the daemon's dispatcher; sends nothing by default).
-    pub alerts: crate::alert::Alerts,
+    pub alerts: crate::alerts::Alerts,
     /// The model gateway that steps of workflows with `[gateway]` call (none: such steps
     /// fail to start, saying so).
-    pub gateway: Option<crate::gateway::Gateway>,
+    pub gateway: Option<std::sync::Arc<dyn crate::metering::ModelGateway>>,
     /// Told of every run's terminal record, once it is durable: the daemon's followers
     /// (`after` triggers) hear of their upstream's end through it. Must not block.
     pub ended: Option<RunEnded>,
+    /// What a digest agent's run adds at its end (its email's fate and its summary line):
+    /// the digest feature's, installed by whoever opens the engine for one.
+    pub summarize: Option<std::sync::Arc<dyn Summarize>>,
     /// What starts each step's process: real processes, or a stand-in in tests.
     pub launcher: std::sync::Arc<dyn crate::step::Launcher>,
     /// Runs between their fire and their terminal record: a run's flush waits for the
@@ -123,6 +126,14 @@ pub struct Engine {
 /// A hook told of each terminal run record.
 pub type RunEnded = std::sync::Arc<dyn Fn(&RunRecord) + Send + Sync>;
 
+/// What a digest agent's run adds before its terminal record (its steps 11 and 12).
+pub trait Summarize: Send + Sync {
+    /// Why its digest was not emailed, when its commit did not run.
+    fn email_skipped(&self, rec: &RunRecord) -> Option<String>;
+    /// Its one summary line.
+    fn summary_line(&self, rec: &RunRecord) -> String;
+}
+
 impl Engine {
     pub fn live_status(&self, wf: &Workflow) -> Result<LiveStatus> {
         Ok(LiveStatus::of(&self.store, wf)?)
@@ -130,13 +141,16 @@ impl Engine {
 
     /// A digest agent's steps 11 (when its commit did not run) and 12, the summary line.
     fn agent_summary(&self, rec: &mut RunRecord, env: &StepEnv) -> Result<()> {
-        if let Some(why) = crate::agent::email_skipped_reason(rec) {
+        let Some(summarize) = &self.summarize else {
+            return Ok(());
+        };
+        if let Some(why) = summarize.email_skipped(rec) {
             let dry = why.starts_with("dry-run");
             let mut e = self.entry(rec, "maybe_email", if dry { "skipped" } else { "failed" });
             e.detail = why;
             self.runlog.record(&e, &env.redactor)?;
         }
-        let line = crate::agent::summary_line(rec);
+        let line = summarize.summary_line(rec);
         let mut e = self.entry(rec, "emit_summary", "ok");
         e.detail = line.clone();
         self.runlog.record(&e, &env.redactor)?;
@@ -179,6 +193,7 @@ pub fn with_store(store: Store, state_dir: &Path) -> Result<Engine> {
         alerts: Default::default(),
         gateway: None,
         ended: None,
+        summarize: None,
         launcher: std::sync::Arc::new(crate::step::Processes),
         in_flight: Default::default(),
     })

@@ -15,12 +15,12 @@ use sha2::{Digest, Sha256};
 use toml::Spanned;
 
 use crate::budget::Caps;
+pub use crate::schedule::ScheduleTrigger;
+use crate::schedule::{Schedule, ScheduleError};
 use crate::template;
-pub use crate::trigger::schedule::ScheduleTrigger;
-use crate::trigger::schedule::{Schedule, ScheduleError};
 
 use super::file::{line_col, parse_toml, read_bytes, valid_id, ConfigError};
-use super::workflow::*;
+use super::types::*;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,7 +48,7 @@ struct RawAfter {
     #[serde(default)]
     all: Option<Vec<String>>,
     #[serde(default)]
-    on: Option<Vec<super::workflow::Outcome>>,
+    on: Option<Vec<super::types::Outcome>>,
 }
 
 /// `schedule = { … }` with each value's place in the file, so an error points at it.
@@ -354,7 +354,7 @@ impl Validator<'_> {
     }
 
     fn gateway(&mut self, raw: Spanned<RawGateway>) -> Option<super::gateway::GatewayUse> {
-        use crate::gateway::meter::Provider;
+        use crate::metering::meter::Provider;
         let span = raw.span();
         let raw = raw.into_inner();
         let mut providers = Vec::new();
@@ -453,8 +453,8 @@ impl Validator<'_> {
     }
 
     /// `after`: one upstream workflow, or `all` of several; `on` some outcomes.
-    fn after(&mut self, raw: Spanned<RawAfter>) -> Option<super::workflow::AfterTrigger> {
-        use super::workflow::{AfterTrigger, Outcome};
+    fn after(&mut self, raw: Spanned<RawAfter>) -> Option<super::types::AfterTrigger> {
+        use super::types::{AfterTrigger, Outcome};
         let span = raw.span();
         let raw = raw.into_inner();
         let (upstream, all) = match (raw.workflow, raw.all) {

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use super::env::StepEnv;
 use super::outcome::End;
 use super::{Engine, EngineError, Result};
-use crate::config::Workflow;
+use crate::workflow::Workflow;
 use chrono::Utc;
 use serde_json::json;
 

@@ -10,8 +10,8 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use crate::budget::Caps;
-use crate::trigger::schedule::Schedule;
-pub use crate::trigger::schedule::ScheduleTrigger;
+use crate::schedule::Schedule;
+pub use crate::schedule::ScheduleTrigger;
 
 /// What a fire does while the workflow's previous run is still active (Temporal's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
@@ -149,7 +149,7 @@ pub struct WebhookTrigger {
     /// Whose signature scheme the endpoint checks: steward (default), github, stripe,
     /// standard (Standard Webhooks).
     #[serde(default)]
-    pub format: crate::trigger::webhook::verify::Format,
+    pub format: crate::workflow::webhook::Format,
 }
 
 /// `[retry]`: how often a `failed` or `stagnated` run is tried again, and how long to wait.
@@ -275,7 +275,7 @@ pub struct StepCommand {
     /// `usage_from`: the step is an agent CLI whose stdout tells what it spent (a second
     /// meter beside the gateway's; run and verify only).
     #[serde(default)]
-    pub usage_from: Option<crate::gateway::agent_cli::UsageFrom>,
+    pub usage_from: Option<crate::metering::agent_cli::UsageFrom>,
 }
 
 /// A validated workflow, ready to run.

@@ -9,17 +9,17 @@ use serde_json::json;
 
 use super::Engine;
 use crate::budget::{BudgetGuard, Headroom};
-use crate::config::gateway::GatewayUse;
-use crate::config::Workflow;
-use crate::gateway::keys::{Event, Grant, Upstream};
-use crate::gateway::reserve::Refusal;
-use crate::gateway::{Call, Provider};
+use crate::metering::keys::{Event, Grant, Upstream};
+use crate::metering::reserve::Refusal;
+use crate::metering::{Call, Provider};
 use crate::metrics::ModelCallFigures;
 use crate::redact::Redactor;
 use crate::runlog::Entry;
 use crate::secret::SecretMissing;
 use crate::step::{Metered, Metering, StepKind};
 use crate::store::{ModelSpend, RunRecord};
+use crate::workflow::gateway::GatewayUse;
+use crate::workflow::Workflow;
 
 /// One step's use of the gateway. Its key rides in `metered`'s lease: revoked when the
 /// step's process ends.
@@ -100,7 +100,7 @@ impl Engine {
             })
         };
         let issued = gateway
-            .registry
+            .registry()
             .issue(Grant {
                 run_id: rec.run_id.clone(),
                 workflow: wf.id.clone(),
@@ -126,7 +126,7 @@ impl Engine {
                 headroom,
                 lease: Some(Box::new(issued)),
             }),
-            port: gateway.addr.port(),
+            port: gateway.addr().port(),
         })
     }
 }

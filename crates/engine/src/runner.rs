@@ -24,10 +24,10 @@ use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Overlap, Workflow};
 use crate::governed::{Engine, EngineError, Fire};
 use crate::live::{self, Ask, DryReason, LiveRefused, Mode};
 use crate::store::RunRecord;
+use crate::workflow::{Overlap, Workflow};
 
 /// One request for a run.
 #[derive(Debug, Clone)]

@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gateway::meter::{Price, Provider};
+use crate::metering::meter::{Price, Provider};
 
 /// `[gateway]` in steward.toml.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]

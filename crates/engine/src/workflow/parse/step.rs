@@ -54,7 +54,7 @@ impl Validator<'_> {
             None => None,
         };
         let usage_from = raw.usage_from.and_then(|u| {
-            use crate::gateway::agent_cli::UsageFrom;
+            use crate::metering::agent_cli::UsageFrom;
             match (UsageFrom::parse(u.get_ref()), is_commit) {
                 (_, true) => {
                     self.err(u.span(), "commit.usage_from is not allowed: only run and verify spend the budget");

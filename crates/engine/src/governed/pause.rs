@@ -7,8 +7,8 @@
 use chrono::Utc;
 
 use super::{Engine, EngineError, Result};
-use crate::config::Workflow;
 use crate::store::{Pause, PauseCause, RunState};
+use crate::workflow::Workflow;
 
 /// Runs of a workflow looked at for a failure streak at most (beyond the breaker's N,
 /// skipped and missed records are passed over).

@@ -14,11 +14,11 @@ use super::gateway::{GatewayStep, NoGateway};
 use super::outcome::verdict_of;
 use super::{Engine, Result};
 use crate::budget::BudgetGuard;
-use crate::config::{StepCommand, Workflow};
 use crate::control::Resource;
-use crate::gateway::agent_cli::{self, UsageFrom};
+use crate::metering::agent_cli::{self, UsageFrom};
 use crate::step::{run_step, Ending, Exit, StepKind, StepOutcome, StepRequest};
 use crate::store::RunRecord;
+use crate::workflow::{StepCommand, Workflow};
 
 impl Engine {
     /// Runs one step, records it in the runlog and keeps its stderr tail and notes.
