@@ -1,5 +1,10 @@
 //! steward: governed, unattended automation.
 //!
+//! This crate holds the features and the binary; the run engine is the `steward-engine`
+//! crate (`crates/engine`), whose modules are re-exported here under the same paths
+//! ([`runner`], [`governed`], [`store`], [`step`], …). The engine knows no feature: the
+//! features reach it through its hooks, installed by [`hooks`] and the daemon.
+//!
 //! # Theory of operation
 //!
 //! Something fires a **workflow** (a config file under `config/workflows/`, see
