@@ -1,9 +1,11 @@
 //! steward: governed, unattended automation.
 //!
-//! This crate holds the features and the binary; the run engine is the `steward-engine`
-//! crate (`crates/engine`), whose modules are re-exported here under the same paths
-//! ([`runner`], [`governed`], [`store`], [`step`], …). The engine knows no feature: the
-//! features reach it through its hooks, installed by [`hooks`] and the daemon.
+//! This crate is the binary's: the wire ([`api`]), the service, the control socket, the
+//! dashboard, the daemon and the CLI. The features are the `steward-features` crate
+//! (`crates/features`) and the run engine the `steward-engine` crate (`crates/engine`),
+//! both re-exported here under the same paths ([`runner`], [`governed`], [`agent`],
+//! [`trigger`], …). The engine knows no feature and no feature knows the binary: the
+//! features reach the engine through its hooks, installed by [`hooks`] and the daemon.
 //!
 //! # Theory of operation
 //!
@@ -43,32 +45,22 @@
 //! alerts a slot with no successful run; `steward why` reads the run records as a
 //! per-slot [`ledger`].
 
-pub mod agency;
-pub mod agent;
-pub mod alert;
 pub mod api;
-pub mod catchup;
-pub mod chain;
 pub mod cli;
-pub mod cluster;
-pub mod config;
 pub mod control_socket;
 pub mod daemon;
 pub mod dashboard;
-pub mod drain;
-pub mod expect;
-pub mod gateway;
-pub mod hooks;
-pub mod ledger;
-pub mod listener;
-pub mod mail;
 pub mod scaffold;
 pub mod service;
-pub mod trigger;
 
-// The run engine (crates/engine), under the same paths as the features' own modules.
+// The features (crates/features) and the run engine (crates/engine), under the same
+// paths as this crate's own modules.
 pub use steward_engine::{
     alerts, budget, calendar, containment, control, governed, helper, limits, live, metering,
     metrics, process, redact, runlog, runner, sandbox, schedule, secret, step, store, template,
     throttle, workflow,
+};
+pub use steward_features::{
+    agency, agent, alert, catchup, chain, cluster, config, drain, expect, gateway, hooks, ledger,
+    listener, mail, trigger,
 };

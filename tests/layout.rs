@@ -11,11 +11,12 @@ use std::path::Path;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The source trees: the engine crate's and the features' and binary's (this package).
-const TREES: [&str; 2] = ["crates/engine/src", "src"];
+/// The source trees: the engine's, the features' and the binary's (this package).
+const TREES: [&str; 3] = ["crates/engine/src", "crates/features/src", "src"];
 
 /// Source files by module path (`workflow::parse`, `runner`; `crate` for the package's
-/// lib.rs), over both crates: the engine's modules are re-exported under the same paths.
+/// lib.rs), over the three crates: the engine's and the features' modules are
+/// re-exported under the same paths.
 fn modules() -> BTreeMap<String, String> {
     fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         for entry in std::fs::read_dir(dir).unwrap().flatten() {
@@ -40,7 +41,7 @@ fn modules() -> BTreeMap<String, String> {
             }
             if name == "lib" {
                 if tree != "src" {
-                    // The engine's lib.rs only declares its modules.
+                    // The engine's and the features' lib.rs only declare their modules.
                     continue;
                 }
                 name = "crate".into();
@@ -48,7 +49,7 @@ fn modules() -> BTreeMap<String, String> {
             let text = std::fs::read_to_string(&p).unwrap();
             assert!(
                 mods.insert(name.clone(), text).is_none(),
-                "module `{name}` is in both crates"
+                "module `{name}` is in two crates"
             );
         }
     }
