@@ -48,6 +48,17 @@ echo "$id" >> "$LEDGER"
 struct Rng(u64);
 
 impl Rng {
+    /// Seeded from the clock, the seed printed under `name` so a run can be replayed.
+    fn seeded(name: &str) -> Rng {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1;
+        println!("{name}: seed {seed}");
+        Rng(seed)
+    }
+
     fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
@@ -130,13 +141,7 @@ fn json_list(env: &Env, args: &[&str]) -> Vec<Value> {
 fn sigkilled_daemon_commits_every_item_once_or_lists_it() {
     let full = std::env::var_os("STEWARD_CRASH_FULL").is_some();
     let (per_kind, kills) = if full { (100, 40) } else { (20, 8) };
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
-    println!("crash harness: seed {seed}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::seeded("crash harness");
 
     let env = Env::new();
     let drop = env.path("drop");
@@ -228,11 +233,6 @@ fn sigkilled_daemon_commits_every_item_once_or_lists_it() {
     });
     d.stop(Duration::from_secs(15));
 
-    let ledger = env.ledger_lines();
-    let mut commits: BTreeMap<&str, usize> = BTreeMap::new();
-    for line in &ledger {
-        *commits.entry(line.as_str()).or_default() += 1;
-    }
     let in_doubt: BTreeSet<String> = json_list(&env, &["in-doubt", "list", "--json"])
         .iter()
         .filter_map(|k| k["key"].as_str().map(str::to_string))
@@ -241,56 +241,22 @@ fn sigkilled_daemon_commits_every_item_once_or_lists_it() {
         .iter()
         .filter_map(|e| e["run"]["idempotency_key"].as_str().map(str::to_string))
         .collect();
-    let duplicates: Vec<&&str> = commits
-        .iter()
-        .filter(|(_, &n)| n > 1)
-        .map(|(k, _)| k)
-        .collect();
-    let unknown: Vec<&&str> = commits
-        .keys()
-        .filter(|id| !items.values().any(|v| v == **id))
-        .collect();
-    let lost: Vec<&String> = items
-        .iter()
-        .filter(|(key, id)| {
-            !commits.contains_key(id.as_str()) && !in_doubt.contains(*key) && !dead.contains(*key)
-        })
-        .map(|(_, id)| id)
-        .collect();
+    let tally = Tally::of(&env.ledger_lines(), &items, &in_doubt, &dead);
     println!(
-        "items={} kills={} (inside a store flush: {in_flushes}) committed={} in_doubt={} dead={} duplicates={} lost={} ({:.0} s; kills by phase: {phases:?})",
+        "items={} kills={} (inside a store flush: {in_flushes}) {tally} ({:.0} s; kills by phase: {phases:?})",
         items.len(),
         kills,
-        commits.len(),
-        in_doubt.len(),
-        dead.len(),
-        duplicates.len(),
-        lost.len(),
         started.elapsed().as_secs_f64()
     );
     assert_eq!(items.len(), 2 * per_kind);
-    assert!(duplicates.is_empty(), "committed twice: {duplicates:?}");
-    assert!(unknown.is_empty(), "ledger lines for no item: {unknown:?}");
-    assert!(lost.is_empty(), "neither committed nor listed: {lost:?}");
-    assert!(
-        commits.len() >= items.len() / 2,
-        "most items should commit outright ({} of {})",
-        commits.len(),
-        items.len()
-    );
+    tally.holds(items.len(), "");
 }
 
 #[test]
 fn sigkilled_cluster_daemons_commit_every_item_once_or_list_it() {
     let full = std::env::var_os("STEWARD_CRASH_FULL").is_some();
     let (total, kills) = if full { (400, 40) } else { (120, 10) };
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
-    println!("cluster crash harness: seed {seed}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::seeded("cluster crash harness");
 
     let server = NatsServer::start();
     let queue = Spec::new("crashq", MAKER)
@@ -406,37 +372,12 @@ fn sigkilled_cluster_daemons_commit_every_item_once_or_list_it() {
         .filter_map(|r| r["idempotency_key"].as_str())
         .collect();
 
-    let ledger = three.env.ledger_lines();
-    let mut commits: BTreeMap<&str, usize> = BTreeMap::new();
-    for line in &ledger {
-        *commits.entry(line.as_str()).or_default() += 1;
-    }
     let (in_doubt, dead) = listed(&three);
-    let duplicates: Vec<&&str> = commits
-        .iter()
-        .filter(|(_, &n)| n > 1)
-        .map(|(k, _)| k)
-        .collect();
-    let unknown: Vec<&&str> = commits
-        .keys()
-        .filter(|id| !items.values().any(|v| v == **id))
-        .collect();
-    let lost: Vec<&String> = items
-        .iter()
-        .filter(|(key, id)| {
-            !commits.contains_key(id.as_str()) && !in_doubt.contains(*key) && !dead.contains(*key)
-        })
-        .map(|(_, id)| id)
-        .collect();
+    let tally = Tally::of(&three.env.ledger_lines(), &items, &in_doubt, &dead);
     println!(
-        "cluster: items={} kills={} committed={} in_doubt={} dead={} duplicates={} lost={} ({:.0} s; kills by phase: {phases:?})",
+        "cluster: items={} kills={} {tally} ({:.0} s; kills by phase: {phases:?})",
         items.len(),
         kills,
-        commits.len(),
-        in_doubt.len(),
-        dead.len(),
-        duplicates.len(),
-        lost.len(),
         started.elapsed().as_secs_f64()
     );
     assert_eq!(items.len(), total);
@@ -444,7 +385,7 @@ fn sigkilled_cluster_daemons_commit_every_item_once_or_list_it() {
     let missing: Vec<&String> = items
         .iter()
         .filter(|(key, id)| {
-            commits.contains_key(id.as_str())
+            tally.commits.contains_key(id.as_str())
                 && !in_doubt.contains(*key)
                 && !ended.contains(key.as_str())
         })
@@ -454,19 +395,99 @@ fn sigkilled_cluster_daemons_commit_every_item_once_or_list_it() {
         missing.is_empty(),
         "committed, but its run is not in the cluster's runs: {missing:?}"
     );
-    assert!(
-        duplicates.is_empty(),
-        "committed twice: {duplicates:?}\n{}",
-        three.logs()
-    );
-    assert!(unknown.is_empty(), "ledger lines for no item: {unknown:?}");
-    assert!(lost.is_empty(), "neither committed nor listed: {lost:?}");
-    assert!(
-        commits.len() >= items.len() / 2,
-        "most items should commit outright ({} of {})",
-        commits.len(),
-        items.len()
-    );
+    tally.holds(items.len(), &three.logs());
+}
+
+/// What a harness found at its end: commits per item id, those committed twice, ledger
+/// lines for no item, and items neither committed nor listed (in doubt or dead-lettered).
+struct Tally {
+    commits: BTreeMap<String, usize>,
+    in_doubt: usize,
+    dead: usize,
+    duplicates: Vec<String>,
+    unknown: Vec<String>,
+    lost: Vec<String>,
+}
+
+impl Tally {
+    /// The tally of `ledger` for `items` (key → id), with the keys listed in doubt or dead.
+    fn of(
+        ledger: &[String],
+        items: &BTreeMap<String, String>,
+        in_doubt: &BTreeSet<String>,
+        dead: &BTreeSet<String>,
+    ) -> Tally {
+        let mut commits: BTreeMap<String, usize> = BTreeMap::new();
+        for line in ledger {
+            *commits.entry(line.clone()).or_default() += 1;
+        }
+        let duplicates = commits
+            .iter()
+            .filter(|(_, &n)| n > 1)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let unknown = commits
+            .keys()
+            .filter(|id| !items.values().any(|v| v == *id))
+            .cloned()
+            .collect();
+        let lost = items
+            .iter()
+            .filter(|(key, id)| {
+                !commits.contains_key(id.as_str())
+                    && !in_doubt.contains(*key)
+                    && !dead.contains(*key)
+            })
+            .map(|(_, id)| id.clone())
+            .collect();
+        Tally {
+            commits,
+            in_doubt: in_doubt.len(),
+            dead: dead.len(),
+            duplicates,
+            unknown,
+            lost,
+        }
+    }
+
+    /// No item committed twice, no ledger line for no item, none lost, and most of the
+    /// `items` committed outright; `context` (the daemons' logs) goes with a duplicate.
+    fn holds(&self, items: usize, context: &str) {
+        assert!(
+            self.duplicates.is_empty(),
+            "committed twice: {:?}\n{context}",
+            self.duplicates
+        );
+        assert!(
+            self.unknown.is_empty(),
+            "ledger lines for no item: {:?}",
+            self.unknown
+        );
+        assert!(
+            self.lost.is_empty(),
+            "neither committed nor listed: {:?}",
+            self.lost
+        );
+        assert!(
+            self.commits.len() >= items / 2,
+            "most items should commit outright ({} of {items})",
+            self.commits.len()
+        );
+    }
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "committed={} in_doubt={} dead={} duplicates={} lost={}",
+            self.commits.len(),
+            self.in_doubt,
+            self.dead,
+            self.duplicates.len(),
+            self.lost.len()
+        )
+    }
 }
 
 /// Reaps the killed daemon's process handle.

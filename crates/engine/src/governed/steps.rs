@@ -56,7 +56,7 @@ impl Engine {
         let confinement = match self.confinement(wf, rec, kind, &scratch, program, gateway.as_ref())
         {
             Ok(c) => c,
-            Err(why) => return self.not_started(rec, kind, why, env),
+            Err(why) => return self.not_started(rec, kind, why.to_string(), env),
         };
         let with_gateway;
         let vars = match &mut gateway {
@@ -127,7 +127,8 @@ impl Engine {
         scratch: &Path,
         program: Option<&Path>,
         gateway: Option<&GatewayStep>,
-    ) -> std::result::Result<Option<crate::sandbox::Confinement>, String> {
+    ) -> std::result::Result<Option<crate::sandbox::Confinement>, crate::sandbox::SandboxError>
+    {
         if kind == StepKind::Commit || !wf.sandbox.enabled {
             if !wf.sandbox.enabled {
                 rec.sandbox = Some("off".into());
@@ -145,7 +146,7 @@ impl Engine {
             }
             Err(e) => {
                 rec.sandbox = Some(e.to_string());
-                Err(e.to_string())
+                Err(e)
             }
         }
     }
