@@ -43,17 +43,6 @@ impl MemoryStore {
     }
 }
 
-fn key_record(workflow: &str, key: &str, run_id: &str, phase: KeyPhase) -> KeyRecord {
-    KeyRecord {
-        workflow: workflow.to_string(),
-        key: key.to_string(),
-        run_id: run_id.to_string(),
-        phase,
-        found_in: None,
-        updated_at: Utc::now(),
-    }
-}
-
 impl Backend for MemoryStore {
     fn flush(&self) -> Result<()> {
         Ok(())
@@ -282,7 +271,7 @@ impl Backend for MemoryStore {
         let id = (workflow.to_string(), key.to_string());
         self.kept()
             .keys
-            .insert(id, key_record(workflow, key, run_id, phase));
+            .insert(id, KeyRecord::now(workflow, key, run_id, phase));
         Ok(())
     }
 
@@ -303,8 +292,10 @@ impl Backend for MemoryStore {
         if let Some(held) = kept.keys.get(&id) {
             return Ok(Err(held.clone()));
         }
-        kept.keys
-            .insert(id, key_record(workflow, key, run_id, KeyPhase::Reserved));
+        kept.keys.insert(
+            id,
+            KeyRecord::now(workflow, key, run_id, KeyPhase::Reserved),
+        );
         Ok(Ok(()))
     }
 

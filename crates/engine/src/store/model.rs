@@ -279,6 +279,20 @@ pub struct KeyRecord {
     pub updated_at: DateTime<Utc>,
 }
 
+impl KeyRecord {
+    /// `workflow`'s `key`, held by `run_id` in `phase`, as of now.
+    pub fn now(workflow: &str, key: &str, run_id: &str, phase: KeyPhase) -> KeyRecord {
+        KeyRecord {
+            workflow: workflow.to_string(),
+            key: key.to_string(),
+            run_id: run_id.to_string(),
+            phase,
+            found_in: None,
+            updated_at: Utc::now(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetter {
     pub run: RunRecord,

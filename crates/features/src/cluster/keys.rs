@@ -279,12 +279,8 @@ impl Cluster {
     ) -> HeldKey {
         HeldKey {
             record: KeyRecord {
-                workflow: workflow.to_string(),
-                key: key.to_string(),
-                run_id: run_id.to_string(),
-                phase,
                 found_in,
-                updated_at: Utc::now(),
+                ..KeyRecord::now(workflow, key, run_id, phase)
             },
             daemon: self.daemon.clone(),
         }

@@ -355,14 +355,7 @@ impl Backend for SledStore {
     }
 
     fn set_key(&self, workflow: &str, key: &str, run_id: &str, phase: KeyPhase) -> Result<()> {
-        let rec = KeyRecord {
-            workflow: workflow.to_string(),
-            key: key.to_string(),
-            run_id: run_id.to_string(),
-            phase,
-            found_in: None,
-            updated_at: Utc::now(),
-        };
+        let rec = KeyRecord::now(workflow, key, run_id, phase);
         self.keys
             .insert(Self::key_id(workflow, key), encode(&rec))?;
         Ok(())
@@ -380,14 +373,7 @@ impl Backend for SledStore {
         run_id: &str,
     ) -> Result<std::result::Result<(), KeyRecord>> {
         let id = Self::key_id(workflow, key);
-        let rec = KeyRecord {
-            workflow: workflow.to_string(),
-            key: key.to_string(),
-            run_id: run_id.to_string(),
-            phase: KeyPhase::Reserved,
-            found_in: None,
-            updated_at: Utc::now(),
-        };
+        let rec = KeyRecord::now(workflow, key, run_id, KeyPhase::Reserved);
         match self
             .keys
             .compare_and_swap(&id, None as Option<&[u8]>, Some(encode(&rec)))?
